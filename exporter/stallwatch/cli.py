@@ -1,0 +1,123 @@
+"""The `stallwatch` command: serve (default), check-config FILE, version."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+
+from prometheus_client import CollectorRegistry
+
+from stallwatch import __version__
+from stallwatch import config as config_module
+from stallwatch.collectors import Source, StallwatchCollector
+from stallwatch.collectors.gpu import GpuCollector
+from stallwatch.collectors.probe import ProbeCollector
+from stallwatch.collectors.process import ProcessCollector
+from stallwatch.config import Config, ConfigError
+from stallwatch.nvml import Nvml
+from stallwatch.prober import ProbeManager
+from stallwatch.server import make_app, serve
+from stallwatch.servers import Watcher
+
+DEFAULT_PORT = 9847
+COLLECTORS = ("gpu", "process", "probe")
+log = logging.getLogger("stallwatch")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="stallwatch", description="Prometheus exporter that catches silent stalls of LLM inference servers.")
+    parser.add_argument("--web.listen-address", dest="listen_address", default=f":{DEFAULT_PORT}",
+                        help=f"address to serve metrics on (default :{DEFAULT_PORT})")
+    parser.add_argument("--web.telemetry-path", dest="telemetry_path", default="/metrics",
+                        help="path under which to serve metrics (default /metrics)")
+    parser.add_argument("--config.file", dest="config_file", help="YAML config file (optional)")
+    parser.add_argument("--log.level", dest="log_level", default="info",
+                        choices=("debug", "info", "warn", "error"), help="log level (default info)")
+    for name in COLLECTORS:
+        parser.add_argument(f"--collector.{name}", dest=f"collector_{name}", default=None,
+                            action=argparse.BooleanOptionalAction,
+                            help=f"enable the {name} collector (default: the config's {name}.enabled, true)")
+    parser.add_argument("--version", action="version", version=f"stallwatch {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="{serve,check-config,version}")
+    commands.add_parser("serve", help="serve metrics (the default)")
+    check = commands.add_parser("check-config", help="validate a config file; exit 0 or 2")
+    check.add_argument("file")
+    commands.add_parser("version", help="print the version")
+    return parser
+
+
+def _listen_address(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"--web.listen-address: expected [host]:port, got {text!r}")
+    host = host.strip("[]") or "0.0.0.0"
+    return host, int(port)
+
+
+def _enabled(args: argparse.Namespace, config: Config, name: str) -> bool:
+    flag = getattr(args, f"collector_{name}")
+    return bool(getattr(config, f"{name}_enabled")) if flag is None else bool(flag)
+
+
+def build(config: Config, enabled: dict[str, bool]) -> tuple[Watcher, StallwatchCollector, list[object]]:
+    """The watcher, the root collector and the background parts that `serve` starts."""
+    watcher = Watcher(config)
+    sources: dict[str, Source] = {}
+    background: list[object] = [watcher]
+    if enabled["gpu"]:
+        nvml = Nvml(config.gpu_sample_interval)
+        sources["gpu"] = GpuCollector(nvml, watcher)
+        background.append(nvml)
+    if enabled["process"]:
+        sources["process"] = ProcessCollector(watcher)
+    if enabled["probe"]:
+        probes = ProbeManager()
+        watcher.on_change(probes.reconcile)
+        sources["probe"] = ProbeCollector(probes)
+    return watcher, StallwatchCollector(watcher, sources), background
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper().replace("WARN", "WARNING"), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.command == "version":
+        print(f"stallwatch {__version__}")
+        return 0
+    try:
+        if args.command == "check-config":
+            config_module.load(args.file)
+            print(f"{args.file}: OK")
+            return 0
+        config = config_module.load(args.config_file) if args.config_file else Config()
+        host, port = _listen_address(args.listen_address)
+    except (ConfigError, ValueError) as exc:
+        print(f"stallwatch: error: {exc}", file=sys.stderr)
+        return 2
+
+    watcher, root, background = build(config, {name: _enabled(args, config, name) for name in COLLECTORS})
+    registry = CollectorRegistry()
+    registry.register(root)
+    try:
+        httpd, _ = serve(make_app(registry, watcher, args.telemetry_path), host, port)
+    except OSError as exc:
+        print(f"stallwatch: error: cannot listen on {args.listen_address}: {exc}", file=sys.stderr)
+        return 1
+    for part in background:
+        part.start()  # type: ignore[attr-defined]
+    log.info("stallwatch %s listening on %s:%d%s", __version__, host, httpd.server_port, args.telemetry_path)
+
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    stop.wait()
+    log.info("shutting down")
+    httpd.shutdown()
+    for part in background:
+        part.stop()  # type: ignore[attr-defined]
+    return 0

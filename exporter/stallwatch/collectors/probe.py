@@ -1,0 +1,33 @@
+"""Probe collector: results of the HTTP probes that `stallwatch.prober` runs in the background."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client.core import Metric
+
+from stallwatch.metrics import family
+from stallwatch.prober import REASONS, ProbeManager
+
+
+class ProbeCollector:
+    def __init__(self, manager: ProbeManager) -> None:
+        self.manager = manager
+
+    def collect(self) -> Iterator[Metric]:
+        success, duration = family("probe_success"), family("probe_duration_seconds")
+        status, last = family("probe_http_status_code"), family("probe_last_success_timestamp_seconds")
+        failures = family("probe_failures_total")
+        for state in self.manager.states():
+            labels = [state.server, state.url]
+            for reason in REASONS:
+                failures.add_metric([*labels, reason], float(state.failures[reason]))
+            result = state.last
+            if result is None:
+                continue
+            success.add_metric(labels, 1.0 if result.success else 0.0)
+            duration.add_metric(labels, result.duration)
+            status.add_metric(labels, float(result.status))
+            if state.last_success is not None:
+                last.add_metric(labels, state.last_success)
+        yield from (success, duration, status, last, failures)

@@ -1,0 +1,46 @@
+"""Process collector: each watched server's main process and its whole tree, by role."""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Iterator
+
+from prometheus_client.core import Metric
+
+from stallwatch.metrics import family
+from stallwatch.proctree import STATES
+from stallwatch.servers import Watcher
+
+
+class ProcessCollector:
+    def __init__(self, watcher: Watcher) -> None:
+        self.watcher = watcher
+
+    def collect(self) -> Iterator[Metric]:
+        up, start = family("server_up"), family("server_start_time_seconds")
+        states, cpu = family("server_processes"), family("process_cpu_seconds_total")
+        rss, threads = family("process_resident_memory_bytes"), family("process_threads")
+        for server in self.watcher.servers():
+            running = server.is_running()
+            up.add_metric([server.name], 1.0 if running else 0.0)
+            if not running:
+                continue
+            tree = server.tree()
+            main = next((s for s in tree if s.role == "main"), None)
+            if main is not None:
+                start.add_metric([server.name], main.create_time)
+            by_state = Counter(s.state for s in tree)
+            for state in STATES:
+                states.add_metric([server.name, state], float(by_state[state]))
+            memory: dict[str, int] = defaultdict(int)
+            thread_count: dict[str, int] = defaultdict(int)
+            for s in tree:
+                memory[s.role] += s.rss
+                thread_count[s.role] += s.threads
+            for role, (user, system) in sorted(server.ledger.update(tree).items()):
+                cpu.add_metric([server.name, role, "user"], user)
+                cpu.add_metric([server.name, role, "system"], system)
+            for role in sorted(memory):
+                rss.add_metric([server.name, role], float(memory[role]))
+                threads.add_metric([server.name, role], float(thread_count[role]))
+        yield from (up, start, states, cpu, rss, threads)

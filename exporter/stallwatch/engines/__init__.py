@@ -1,0 +1,104 @@
+"""Per-engine knowledge as data: how to find the main process, its port and health URL, how to name
+its children, and which log lines move the startup phase or count as events.
+
+One module per engine defines an `Engine`; nothing outside this package branches on engine names.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
+
+PHASES = (
+    "stopped",
+    "launching",
+    "loading_weights",
+    "allocating_memory",
+    "capturing_graphs",
+    "warming_up",
+    "serving",
+    "failed",
+)
+EVENTS = ("fatal", "nccl_timeout", "oom", "stall_warning", "server_restart")
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A log pattern (bytes regex, matched after ANSI codes are stripped) and what a match means."""
+
+    pattern: re.Pattern[bytes]
+    phase: str | None = None
+    event: str | None = None
+
+
+def rule(regex: str, phase: str | None = None, event: str | None = None) -> Rule:
+    if phase is not None and phase not in PHASES:
+        raise ValueError(f"unknown phase {phase!r}")
+    if event is not None and event not in EVENTS:
+        raise ValueError(f"unknown event {event!r}")
+    return Rule(re.compile(regex.encode(), re.MULTILINE), phase, event)
+
+
+# Lines printed by PyTorch, NCCL and Python itself, whatever engine runs on top of them.
+COMMON_RULES: tuple[Rule, ...] = (
+    rule(r"Watchdog caught collective operation timeout", event="nccl_timeout"),
+    rule(r"Heartbeat monitor timed out", event="nccl_timeout"),
+    rule(r"ProcessGroupNCCL's watchdog got stuck|watchdog got stuck for \d+ seconds", event="nccl_timeout"),
+    rule(r"Exception \(either an error or timeout\) detected by watchdog", event="nccl_timeout"),
+    rule(r"CUDA out of memory|OutOfMemoryError", event="oom"),
+    rule(r"Traceback \(most recent call last\)", event="fatal"),
+    rule(r"terminate called after throwing an instance", event="fatal"),
+)
+
+# `Loading safetensors checkpoint shards:  50% Completed | 4/8 [...]` (SGLang and vLLM share the tqdm format).
+SAFETENSORS_SHARDS = re.compile(rb"Loading safetensors checkpoint shards:\s*\d+% Completed \| (\d+)/(\d+)")
+
+
+@dataclass(frozen=True)
+class Engine:
+    name: str
+    # Regex on the main process's full command line (argv joined by spaces); None: never auto-discovered.
+    cmdline: re.Pattern[str] | None
+    default_port: int | None
+    default_host: str = "127.0.0.1"
+    health_path: str = "/health"
+    # Regex with a `role` group on a child's command line (set by setproctitle), e.g. `sglang::scheduler_TP3`.
+    role_title: re.Pattern[str] | None = None
+    rules: tuple[Rule, ...] = ()
+    shards: re.Pattern[bytes] | None = None
+    port_flags: tuple[str, ...] = ("--port",)
+    host_flags: tuple[str, ...] = ("--host",)
+
+    def all_rules(self) -> tuple[Rule, ...]:
+        return self.rules + COMMON_RULES
+
+    def with_rules(self, extra_rules: Iterable[Rule]) -> Engine:
+        """A copy whose configured rules take precedence over the built-in ones."""
+        return replace(self, rules=tuple(extra_rules) + self.rules)
+
+    def listen_address(self, argv: Sequence[str]) -> tuple[str, int | None]:
+        """Host and port that the server listens on, from its argv or the engine defaults."""
+        host = _flag_value(argv, self.host_flags) or self.default_host
+        port_text = _flag_value(argv, self.port_flags)
+        port = int(port_text) if port_text and port_text.isdigit() else self.default_port
+        return host, port
+
+
+def _flag_value(argv: Sequence[str], flags: Sequence[str]) -> str | None:
+    for i, arg in enumerate(argv):
+        for flag in flags:
+            if arg == flag and i + 1 < len(argv):
+                return argv[i + 1]
+            if arg.startswith(flag + "="):
+                return arg[len(flag) + 1 :]
+    return None
+
+
+def _load() -> dict[str, Engine]:
+    from stallwatch.engines import generic, llamacpp, sglang, tgi, vllm
+
+    return {e.name: e for e in (sglang.ENGINE, vllm.ENGINE, tgi.ENGINE, llamacpp.ENGINE, generic.ENGINE)}
+
+
+ENGINES: dict[str, Engine] = _load()

@@ -1,0 +1,5 @@
+"""An engine stallwatch knows nothing about: its process matcher and log patterns come from config."""
+
+from stallwatch.engines import Engine
+
+ENGINE = Engine(name="generic", cmdline=None, default_port=None)

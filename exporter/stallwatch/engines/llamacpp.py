@@ -1,0 +1,19 @@
+"""llama.cpp `llama-server`: strings from ../shared/research/engines.md §5."""
+
+import re
+
+from stallwatch.engines import Engine, rule
+
+ENGINE = Engine(
+    name="llamacpp",
+    cmdline=re.compile(r"(?:^|/)llama-server(?:\s|$)"),
+    default_port=8080,
+    rules=(
+        rule(r"^build: \d+", phase="launching"),
+        rule(r"main: loading model|load_model: loading model|llama_model_loader: ", phase="loading_weights"),
+        rule(r"llama_kv_cache|llama_context: ", phase="allocating_memory"),
+        rule(r"main: model loaded|warming up the model", phase="warming_up"),
+        rule(r"main: server is listening on|starting the main loop|all slots are idle", phase="serving"),
+        rule(r"main: exiting due to|couldn't bind HTTP server socket", phase="failed", event="fatal"),
+    ),
+)

@@ -1,0 +1,25 @@
+"""Hugging Face text-generation-inference: strings from ../shared/research/engines.md §4."""
+
+import re
+
+from stallwatch.engines import Engine, rule
+
+ENGINE = Engine(
+    name="tgi",
+    cmdline=re.compile(r"(?:^|/)text-generation-launcher\b"),
+    default_port=3000,
+    default_host="0.0.0.0",
+    role_title=re.compile(r"(?:^|/)text-generation-(?P<role>server|router)\b"),
+    host_flags=("--hostname",),
+    rules=(
+        rule(r"text_generation_launcher: Args \{|Starting check and download process", phase="launching"),
+        rule(r"Starting shard|Waiting for shard to be ready", phase="loading_weights"),
+        rule(r"Shard ready in|Starting Webserver|Warming up model|Setting max batch total tokens",
+             phase="warming_up"),
+        rule(r"Cuda Graphs are enabled for sizes", phase="capturing_graphs"),
+        rule(r": Connected\r?$", phase="serving"),
+        rule(r"Shard \d+ crashed|Webserver Crashed|Shard \d+ failed to start", phase="failed", event="fatal"),
+        rule(r"Shard process was signaled to shutdown", phase="failed", event="fatal"),
+        rule(r"Method \S+ encountered an error", event="fatal"),
+    ),
+)

@@ -1,0 +1,38 @@
+"""vLLM (V0 up to 0.33): strings from ../shared/research/engines.md §2."""
+
+import re
+
+from stallwatch.engines import SAFETENSORS_SHARDS, Engine, rule
+
+ENGINE = Engine(
+    name="vllm",
+    cmdline=re.compile(r"vllm\.entrypoints\.openai\.api_server|(?:^|/)vllm serve\b"),
+    default_port=8000,
+    default_host="0.0.0.0",
+    role_title=re.compile(r"^VLLM::(?P<role>[A-Za-z0-9_]+)"),
+    shards=SAFETENSORS_SHARDS,
+    rules=(
+        rule(r"vLLM (?:API )?server version|non-default args:", phase="launching"),
+        rule(r"Initializing an? (?:V1 )?LLM engine", phase="launching"),
+        rule(r"Starting to load model|Loading drafter model|Using model weights format", phase="loading_weights"),
+        rule(r"Loading safetensors checkpoint shards:", phase="loading_weights"),
+        rule(r"Loading weights took|Model loading took|Memory profiling takes", phase="allocating_memory"),
+        rule(r"Available KV cache memory|KV cache size: [\d,]+ tokens|# GPU blocks:", phase="allocating_memory"),
+        rule(r"Capturing CUDA graphs|Capturing cudagraphs|Capturing the model for CUDA graphs",
+             phase="capturing_graphs"),
+        rule(r"Dynamo bytecode transform time|Compiling a graph for", phase="capturing_graphs"),
+        rule(r"Graph capturing finished|init engine \(profile, create kv cache, warmup model\) took",
+             phase="warming_up"),
+        rule(r"Starting vLLM (?:API )?server|Supported tasks:|Available routes are", phase="warming_up"),
+        rule(r"Application startup complete\.", phase="serving"),
+        rule(r"Avg prompt throughput: [\d.]+ tokens/s", phase="serving"),
+        rule(r"EngineCore failed to start|EngineCore encountered a fatal error", phase="failed", event="fatal"),
+        rule(r"Engine core initialization failed|engine core exited unexpectedly", phase="failed", event="fatal"),
+        rule(r"Engine core process \S+ died unexpectedly|Worker proc \S+ died unexpectedly",
+             phase="failed", event="fatal"),
+        rule(r"WorkerProc hit an exception|WorkerProc initialization failed", phase="failed", event="fatal"),
+        rule(r"RPC call to \S+ timed out|Timed out waiting for engine core processes", phase="failed", event="fatal"),
+        rule(r"No available shared memory broadcast block found", event="stall_warning"),
+        rule(r"No available memory for the cache blocks", event="oom"),
+    ),
+)

@@ -1,0 +1,95 @@
+"""Every metric family stallwatch can emit, in one catalog: name, type, help and labels.
+
+Collectors build fresh families from this catalog on every scrape, so names and HELP texts live in one
+place and the README's metric table can be checked against it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+PREFIX = "stallwatch_"
+
+
+@dataclass(frozen=True)
+class Family:
+    kind: str  # "gauge" or "counter"
+    help: str
+    labels: tuple[str, ...]
+
+
+GPU = ("gpu", "uuid")
+PROC = ("server", "process")
+LOG = ("server", "path")
+PROBE = ("server", "url")
+
+CATALOG: dict[str, Family] = {
+    # GPU
+    "gpu_info": Family("gauge", "GPU identity; always 1.", (*GPU, "name", "driver_version")),
+    "gpu_up": Family("gauge", "1 when the GPU answered NVML in this scrape, 0 when lost or failing.", GPU),
+    "gpu_memory_used_bytes": Family("gauge", "GPU memory in use, bytes.", GPU),
+    "gpu_memory_total_bytes": Family("gauge", "GPU memory in total, bytes.", GPU),
+    "gpu_utilization_ratio": Family(
+        "gauge", "Fraction of NVML's last sample period in which a kernel ran (0..1).", GPU),
+    "gpu_busy_seconds_total": Family(
+        "counter", "Seconds a kernel ran, integrated from NVML utilization samples; rate() is the mean "
+        "utilization over any window.", GPU),
+    "server_gpu_memory_used_bytes": Family(
+        "gauge", "GPU memory held by the server's processes on that GPU, bytes.", ("server", *GPU)),
+    "nvml_up": Family("gauge", "1 when the NVIDIA driver library answered, 0 when unavailable.", ()),
+    # Process tree
+    "server_up": Family("gauge", "1 when the server's main process is running.", ("server",)),
+    "server_start_time_seconds": Family(
+        "gauge", "Start time of the server's main process, seconds since the epoch.", ("server",)),
+    "server_processes": Family(
+        "gauge", "Processes in the server's tree by state (R, S, D, Z, T, I).", ("server", "state")),
+    "process_cpu_seconds_total": Family(
+        "counter", "CPU seconds used by the processes of this role; exited children keep their share.",
+        (*PROC, "mode")),
+    "process_resident_memory_bytes": Family("gauge", "Resident memory of the processes of this role.", PROC),
+    "process_threads": Family("gauge", "Threads of the processes of this role.", PROC),
+    # Logs
+    "log_up": Family("gauge", "1 when the log file is readable.", LOG),
+    "log_size_bytes": Family("gauge", "Current size of the log file, bytes.", LOG),
+    "log_read_bytes_total": Family("counter", "Bytes read from the log, across rotation and truncation.", LOG),
+    "log_lines_total": Family("counter", "Lines read from the log, across rotation and truncation.", LOG),
+    "log_last_line_timestamp_seconds": Family(
+        "gauge", "When the log last grew (bytes, not only newlines), seconds since the epoch.", LOG),
+    "log_last_line_age_seconds": Family("gauge", "Seconds since the log last grew.", LOG),
+    "log_events_total": Family("counter", "Notable log lines by kind.", ("server", "event")),
+    # Startup phase
+    "startup_phase": Family("gauge", "1 for the server's current startup phase, 0 for the others.",
+                            ("server", "phase")),
+    "startup_phase_start_timestamp_seconds": Family(
+        "gauge", "When the server entered its current phase, seconds since the epoch.", ("server",)),
+    "weight_shards_loaded": Family("gauge", "Weight shards loaded so far in the current launch.", ("server",)),
+    "weight_shards_total": Family("gauge", "Weight shards to load in the current launch.", ("server",)),
+    # Probes
+    "probe_success": Family("gauge", "1 when the last probe succeeded.", PROBE),
+    "probe_duration_seconds": Family("gauge", "Duration of the last probe.", PROBE),
+    "probe_http_status_code": Family("gauge", "HTTP status of the last probe; 0 when none came.", PROBE),
+    "probe_last_success_timestamp_seconds": Family(
+        "gauge", "When a probe last succeeded, seconds since the epoch.", PROBE),
+    "probe_failures_total": Family(
+        "counter", "Failed probes by reason (refused, timeout, http_status, error).", (*PROBE, "reason")),
+    # Thresholds
+    "stall_gpu_memory_threshold_bytes": Family(
+        "gauge", "GPU memory above which the server counts as loaded (config stall.gpu_memory_bytes).",
+        ("server",)),
+    "stall_log_stale_threshold_seconds": Family(
+        "gauge", "Log silence after which the server's log counts as stale (config stall.log_stale).",
+        ("server",)),
+    # Self
+    "collector_success": Family("gauge", "1 when the collector succeeded in this scrape.", ("collector",)),
+    "collector_duration_seconds": Family("gauge", "Time the collector took in this scrape.", ("collector",)),
+    "build_info": Family("gauge", "stallwatch build; always 1.", ("version",)),
+}
+
+
+def family(short_name: str) -> Metric:
+    """A new, empty family for `stallwatch_<short_name>`, with the catalog's type, HELP and labels."""
+    spec = CATALOG[short_name]
+    cls = CounterMetricFamily if spec.kind == "counter" else GaugeMetricFamily
+    return cls(PREFIX + short_name, spec.help, labels=list(spec.labels))

@@ -1,0 +1,151 @@
+"""NVML access: initialisation with backoff, and a light background sampler that integrates GPU
+utilization into busy seconds, so that bursts between two scrapes are not lost."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pynvml
+
+log = logging.getLogger(__name__)
+
+MAX_SAMPLE_SECONDS = 1.0  # NVML's sample period is 1/6 s to 1 s; a longer gap means samples were lost
+MAX_BACKOFF_SECONDS = 300.0
+
+
+@dataclass
+class BusyIntegrator:
+    """Busy seconds of one GPU, from NVML samples (percent over the period ending at a µs timestamp)."""
+
+    busy_seconds: float = 0.0
+    last_sample_us: int = 0
+    last_fallback: float | None = None
+
+    def add_samples(self, samples: list[tuple[int, float]]) -> None:
+        for timestamp_us, percent in sorted(samples):
+            if timestamp_us <= self.last_sample_us:
+                continue
+            if self.last_sample_us:
+                period = min((timestamp_us - self.last_sample_us) / 1e6, MAX_SAMPLE_SECONDS)
+                self.busy_seconds += period * min(max(percent, 0.0), 100.0) / 100.0
+            self.last_sample_us = timestamp_us
+
+    def add_rate(self, now: float, percent: float) -> None:
+        """Fallback where samples are not supported: the current rate held since the previous tick."""
+        if self.last_fallback is not None:
+            period = min(now - self.last_fallback, MAX_SAMPLE_SECONDS * 5)
+            self.busy_seconds += max(period, 0.0) * min(max(percent, 0.0), 100.0) / 100.0
+        self.last_fallback = now
+
+
+class Nvml:
+    """Owns NVML's lifecycle. `available()` says whether calls may be made now."""
+
+    def __init__(self, sample_interval: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.sample_interval = sample_interval
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._initialised = False
+        self._next_attempt = 0.0
+        self._backoff = 1.0
+        self._last_error: str | None = None
+        self._busy: dict[str, BusyIntegrator] = {}  # by GPU UUID
+        self._stop = threading.Event()
+
+    def available(self) -> bool:
+        with self._lock:
+            if self._initialised:
+                return True
+            now = self._clock()
+            if now < self._next_attempt:
+                return False
+            try:
+                pynvml.nvmlInit()
+            except pynvml.NVMLError as exc:
+                self._next_attempt = now + self._backoff
+                self._backoff = min(self._backoff * 2, MAX_BACKOFF_SECONDS)
+                message = f"{type(exc).__name__}: {exc}"
+                # Once per distinct error: a node without a driver must not fill the log.
+                level = logging.DEBUG if message == self._last_error else logging.WARNING
+                log.log(level, "NVML unavailable (%s); retrying in %.0fs", message, self._backoff)
+                self._last_error = message
+                return False
+            self._initialised = True
+            self._backoff = 1.0
+            self._last_error = None
+            log.info("NVML initialised, driver %s", as_str(pynvml.nvmlSystemGetDriverVersion()))
+            return True
+
+    def lost(self, exc: pynvml.NVMLError) -> None:
+        """A call failed in a way that calls for a fresh init (driver gone, library unloaded)."""
+        if isinstance(exc, (pynvml.NVMLError_Uninitialized, pynvml.NVMLError_LibraryNotFound,
+                            pynvml.NVMLError_DriverNotLoaded, pynvml.NVMLError_LibRmVersionMismatch)):
+            with self._lock:
+                if self._initialised:
+                    log.warning("NVML stopped answering (%s); re-initialising", exc)
+                    with contextlib.suppress(pynvml.NVMLError):
+                        pynvml.nvmlShutdown()
+                self._initialised = False
+
+    def busy_seconds(self, uuid: str) -> float | None:
+        with self._lock:
+            integrator = self._busy.get(uuid)
+            return integrator.busy_seconds if integrator else None
+
+    def sample_once(self) -> None:
+        if not self.available():
+            return
+        try:
+            count = pynvml.nvmlDeviceGetCount()
+        except pynvml.NVMLError as exc:
+            self.lost(exc)
+            return
+        for index in range(count):
+            try:
+                handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+                uuid = as_str(pynvml.nvmlDeviceGetUUID(handle))
+                with self._lock:
+                    integrator = self._busy.setdefault(uuid, BusyIntegrator())
+                    since = integrator.last_sample_us
+                self._sample_device(handle, integrator, since)
+            except pynvml.NVMLError as exc:
+                log.debug("utilization sample of GPU %d failed: %s", index, exc)
+                self.lost(exc)
+
+    def _sample_device(self, handle: object, integrator: BusyIntegrator, since: int) -> None:
+        try:
+            _, samples = pynvml.nvmlDeviceGetSamples(handle, pynvml.NVML_GPU_UTILIZATION_SAMPLES, since)
+        except pynvml.NVMLError_NotFound:
+            return  # no sample newer than `since`
+        except (pynvml.NVMLError_NotSupported, pynvml.NVMLError_FunctionNotFound):
+            percent = pynvml.nvmlDeviceGetUtilizationRates(handle).gpu
+            with self._lock:
+                integrator.add_rate(self._clock(), percent)
+            return
+        points = [(int(s.timeStamp), float(s.sampleValue.uiVal)) for s in samples]
+        with self._lock:
+            integrator.add_samples(points)
+
+    def start(self) -> None:
+        threading.Thread(target=self._loop, name="nvml-sampler", daemon=True).start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _loop(self) -> None:
+        while True:
+            try:
+                self.sample_once()
+            except Exception:
+                log.exception("GPU utilization sampler failed")
+            if self._stop.wait(self.sample_interval):
+                return
+
+
+def as_str(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value

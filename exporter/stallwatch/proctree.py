@@ -1,0 +1,117 @@
+"""A server's process tree: role names, states, and CPU totals that never decrease while it lives."""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import psutil
+
+STATES = ("R", "S", "D", "Z", "T", "I")
+_STATE_LETTER = {
+    psutil.STATUS_RUNNING: "R",
+    psutil.STATUS_SLEEPING: "S",
+    psutil.STATUS_DISK_SLEEP: "D",
+    psutil.STATUS_ZOMBIE: "Z",
+    psutil.STATUS_DEAD: "Z",
+    psutil.STATUS_STOPPED: "T",
+    psutil.STATUS_TRACING_STOP: "T",
+    psutil.STATUS_IDLE: "I",
+    psutil.STATUS_PARKED: "I",
+}
+_PID_SUFFIX = re.compile(r"[:_-]\d+$")
+
+
+@dataclass(frozen=True)
+class ProcSample:
+    pid: int
+    create_time: float
+    role: str
+    state: str
+    cpu_user: float
+    cpu_system: float
+    rss: int
+    threads: int
+
+
+def role_name(cmdline: list[str], comm: str, title: re.Pattern[str] | None) -> str:
+    """A stable role from a child's title (`sglang::scheduler_TP3` -> `scheduler_TP3`), never a pid."""
+    if title is not None and cmdline:
+        match = title.search(" ".join(cmdline))
+        if match:
+            # `sglang::tokenizer_worker:{pid}` would put a pid in a label.
+            return _PID_SUFFIX.sub("", match.group("role"))
+    return comm or "unknown"
+
+
+def sample(proc: psutil.Process, role: str | None, title: re.Pattern[str] | None) -> ProcSample | None:
+    """One process's figures, or None when it vanished or cannot be read."""
+    try:
+        with proc.oneshot():
+            if role is None:
+                try:
+                    cmdline = proc.cmdline()
+                except (psutil.ZombieProcess, psutil.AccessDenied):
+                    cmdline = []
+                role = role_name(cmdline, proc.name(), title)
+            status = proc.status()
+            state = _STATE_LETTER.get(status, "S")
+            try:
+                times = proc.cpu_times()
+                cpu_user, cpu_system = times.user, times.system
+                memory = proc.memory_info().rss
+                threads = proc.num_threads()
+            except (psutil.ZombieProcess, psutil.AccessDenied):
+                cpu_user = cpu_system = 0.0
+                memory = threads = 0
+            return ProcSample(proc.pid, proc.create_time(), role, state, cpu_user, cpu_system, memory, threads)
+    except (psutil.NoSuchProcess, psutil.AccessDenied, ProcessLookupError, PermissionError):
+        return None
+
+
+@dataclass
+class _Live:
+    role: str
+    user: float
+    system: float
+    base_user: float = 0.0  # CPU already credited to an earlier role of the same process
+    base_system: float = 0.0
+
+
+@dataclass
+class CpuLedger:
+    """Per-role CPU totals of one server's tree that stay monotonic as children come, go or get renamed."""
+
+    credited: dict[str, list[float]] = field(default_factory=lambda: defaultdict(lambda: [0.0, 0.0]))
+    live: dict[tuple[int, float], _Live] = field(default_factory=dict)
+
+    def update(self, samples: list[ProcSample]) -> dict[str, tuple[float, float]]:
+        current: dict[tuple[int, float], _Live] = {}
+        for s in samples:
+            key = (s.pid, s.create_time)
+            previous = self.live.get(key)
+            entry = _Live(s.role, s.cpu_user, s.cpu_system)
+            if previous is not None:
+                entry.base_user, entry.base_system = previous.base_user, previous.base_system
+                if previous.role != s.role:  # setproctitle ran: hand what was used so far to the old role
+                    self._credit(previous)
+                    entry.base_user, entry.base_system = previous.user, previous.system
+            current[key] = entry
+        for key, gone in self.live.items():
+            if key not in current:
+                self._credit(gone)
+        self.live = current
+        totals: dict[str, tuple[float, float]] = {role: (v[0], v[1]) for role, v in self.credited.items()}
+        for entry in current.values():
+            user, system = totals.get(entry.role, (0.0, 0.0))
+            totals[entry.role] = (
+                user + max(0.0, entry.user - entry.base_user),
+                system + max(0.0, entry.system - entry.base_system),
+            )
+        return totals
+
+    def _credit(self, entry: _Live) -> None:
+        acc = self.credited[entry.role]
+        acc[0] += max(0.0, entry.user - entry.base_user)
+        acc[1] += max(0.0, entry.system - entry.base_system)
