@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 import psutil
 
@@ -167,7 +168,8 @@ class Watcher:
     def on_change(self, listener: Callable[[list[Server]], None]) -> None:
         self._listeners.append(listener)
 
-    def refresh(self) -> None:
+    def refresh(self, notify: bool = False) -> None:
+        """Re-scan processes; tell listeners when a server appeared or relaunched (or when `notify`)."""
         candidates = scan_processes()
         claimed: set[int] = set()
         changed = False
@@ -189,7 +191,7 @@ class Watcher:
                         continue
                     claimed.add(root.pid)
                     changed |= self._discovered(engine, root)
-        if changed:
+        if changed or notify:
             servers = self.servers()
             for listener in self._listeners:
                 listener(servers)
@@ -206,7 +208,7 @@ class Watcher:
         return server.attach(root)
 
     def start(self) -> None:
-        self.refresh()
+        self.refresh(notify=True)
         self._thread = threading.Thread(target=self._loop, name="discovery", daemon=True)
         self._thread.start()
 
@@ -225,7 +227,5 @@ def _default_name(spec: ServerSpec, index: int) -> str:
     engine = ENGINES[spec.engine]
     port: int | None = engine.default_port
     if spec.probes:
-        from urllib.parse import urlsplit
-
         port = urlsplit(spec.probes[0].url).port or port
     return f"{spec.engine}-{port}" if port is not None else f"{spec.engine}-{index}"

@@ -1,0 +1,168 @@
+"""A fake `pynvml` for tests: the real nvidia-ml-py module with its device calls replaced.
+
+Put this folder first on PYTHONPATH and set STALLWATCH_FAKE_NVML to a JSON scenario file. Everything that
+is not a device call (the NVMLError classes, constants, ctypes structures) is the real module's own, so
+the exporter's production code path runs unchanged. The scenario is re-read when the file changes, so a
+test can lose a GPU or load one mid-run:
+
+    {"driver": "550.54.15", "missing": false,
+     "gpus": [{"name": "NVIDIA H100 80GB HBM3", "uuid": "GPU-...", "total": 85899345920, "used": 76e9,
+               "util": 0, "lost": false, "unsupported": ["utilization", "samples", "memory_v2", "processes"],
+               "processes": [{"pid": 1234, "used": 76e9}]}]}
+"""
+
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.util
+import json
+import os
+import sys
+import time
+
+_here = os.path.dirname(os.path.abspath(__file__))
+_spec = importlib.machinery.PathFinder.find_spec(
+    "pynvml", [p for p in sys.path if os.path.abspath(p or ".") != _here])
+assert _spec is not None and _spec.loader is not None, "nvidia-ml-py is not installed"
+_real = importlib.util.module_from_spec(_spec)
+# The real module generates its NVMLError_* classes on `sys.modules["pynvml"]`: let that be itself meanwhile.
+_fake = sys.modules["pynvml"]
+sys.modules["pynvml"] = _real
+try:
+    _spec.loader.exec_module(_real)
+finally:
+    sys.modules["pynvml"] = _fake
+globals().update({k: v for k, v in vars(_real).items() if not k.startswith("__")})
+
+SAMPLE_PERIOD_US = 166_667  # NVML samples utilization every 1/6 s on recent GPUs
+_BUFFERED_SAMPLES = 120
+_cache: dict[str, object] = {"mtime": None, "scenario": {}}
+_initialised = False
+
+
+def _scenario() -> dict:
+    path = os.environ.get("STALLWATCH_FAKE_NVML", "")
+    try:
+        mtime = os.stat(path).st_mtime_ns
+    except OSError:
+        return {"missing": True}
+    if mtime != _cache["mtime"]:
+        try:
+            with open(path) as handle:
+                _cache["scenario"] = json.load(handle)
+            _cache["mtime"] = mtime
+        except ValueError:  # caught mid-write by the test: keep the last complete scenario
+            pass
+    return _cache["scenario"]  # type: ignore[return-value]
+
+
+def _fail(code: int) -> None:
+    raise _real.NVMLError(code)
+
+
+class _Handle:
+    def __init__(self, index: int) -> None:
+        self.index = index
+
+
+def _gpu(handle: _Handle, field: str | None = None) -> dict:
+    if not _initialised:
+        _fail(_real.NVML_ERROR_UNINITIALIZED)
+    gpus = _scenario().get("gpus", [])
+    if handle.index >= len(gpus):
+        _fail(_real.NVML_ERROR_GPU_IS_LOST)
+    gpu = gpus[handle.index]
+    if gpu.get("lost"):
+        _fail(_real.NVML_ERROR_GPU_IS_LOST)
+    if field is not None and field in gpu.get("unsupported", []):
+        _fail(_real.NVML_ERROR_NOT_SUPPORTED)
+    return gpu
+
+
+def nvmlInit() -> None:
+    global _initialised
+    if _scenario().get("missing"):
+        _fail(_real.NVML_ERROR_LIBRARY_NOT_FOUND)
+    _initialised = True
+
+
+def nvmlShutdown() -> None:
+    global _initialised
+    _initialised = False
+
+
+def nvmlSystemGetDriverVersion() -> str:
+    if not _initialised:
+        _fail(_real.NVML_ERROR_UNINITIALIZED)
+    return _scenario().get("driver", "550.54.15")
+
+
+def nvmlDeviceGetCount() -> int:
+    if not _initialised:
+        _fail(_real.NVML_ERROR_UNINITIALIZED)
+    if _scenario().get("missing"):
+        _fail(_real.NVML_ERROR_DRIVER_NOT_LOADED)
+    return len(_scenario().get("gpus", []))
+
+
+def nvmlDeviceGetHandleByIndex(index: int) -> _Handle:
+    handle = _Handle(index)
+    _gpu(handle)
+    return handle
+
+
+def nvmlDeviceGetUUID(handle: _Handle) -> str:
+    return _gpu(handle).get("uuid", f"GPU-00000000-0000-0000-0000-{handle.index:012d}")
+
+
+def nvmlDeviceGetName(handle: _Handle) -> str:
+    return _gpu(handle).get("name", "NVIDIA H100 80GB HBM3")
+
+
+def nvmlDeviceGetMemoryInfo(handle: _Handle, version: int | None = None):
+    gpu = _gpu(handle, "memory_v2" if version else None)
+    total, used = int(gpu.get("total", 85_899_345_920)), int(float(gpu.get("used", 0)))
+    if version:
+        memory = _real.c_nvmlMemory_v2_t()
+        memory.version = version
+        memory.reserved = 0
+    else:
+        memory = _real.c_nvmlMemory_t()
+    memory.total, memory.used, memory.free = total, used, total - used
+    return memory
+
+
+def nvmlDeviceGetUtilizationRates(handle: _Handle):
+    gpu = _gpu(handle, "utilization")
+    util = _real.c_nvmlUtilization_t()
+    util.gpu, util.memory = int(gpu.get("util", 0)), int(gpu.get("memory_util", 0))
+    return util
+
+
+def nvmlDeviceGetComputeRunningProcesses(handle: _Handle) -> list:
+    gpu = _gpu(handle, "processes")
+    out = []
+    for proc in gpu.get("processes", []):
+        info = _real.c_nvmlProcessInfo_v3_t()
+        info.pid = int(proc["pid"])
+        info.usedGpuMemory = int(float(proc.get("used", 0)))
+        info.gpuInstanceId = info.computeInstanceId = 0xFFFFFFFF
+        out.append(_real.nvmlStructToFriendlyObject(info))
+    return out
+
+
+def nvmlDeviceGetSamples(handle: _Handle, sampling_type: int, timeStamp: int):
+    """Utilization samples every 1/6 s up to now, at the scenario's current utilization."""
+    gpu = _gpu(handle, "samples")
+    now_us = int(time.time() * 1e6)
+    first = max(timeStamp + 1, now_us - _BUFFERED_SAMPLES * SAMPLE_PERIOD_US)
+    first += (-first) % SAMPLE_PERIOD_US  # align on the sample grid
+    samples = []
+    for stamp in range(first, now_us + 1, SAMPLE_PERIOD_US):
+        sample = _real.c_nvmlSample_t()
+        sample.timeStamp = stamp
+        sample.sampleValue.uiVal = int(gpu.get("util", 0))
+        samples.append(sample)
+    if not samples:
+        _fail(_real.NVML_ERROR_NOT_FOUND)
+    return (_real.NVML_VALUE_TYPE_UNSIGNED_INT, samples)

@@ -1,0 +1,174 @@
+"""Test harness: the exporter, simulated engines and fake GPUs as real processes on loopback."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+from prometheus_client.parser import text_string_to_metric_families
+
+ROOT = Path(__file__).resolve().parent.parent
+FAKES = ROOT / "tests" / "fakes"
+SIM_PKGS = ROOT / "tests" / "sim" / "pkgs"
+SIM_BIN = ROOT / "tests" / "sim" / "bin"
+T = TypeVar("T")
+
+GIB = 2**30
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def poll(check: Callable[[], T], timeout: float = 10.0, interval: float = 0.05, what: str = "condition") -> T:
+    """Call `check` until it returns something truthy, or fail after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    last: object = None
+    while True:
+        try:
+            value = check()
+            if value:
+                return value
+            last = value
+        except (AssertionError, OSError, KeyError, ValueError) as exc:
+            last = exc
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}; last: {last!r}")
+        time.sleep(interval)
+
+
+def gpus(count: int = 8, used: float = 76e9, util: int = 0, **extra: object) -> list[dict]:
+    return [
+        {"name": "NVIDIA H100 80GB HBM3", "uuid": f"GPU-5f1c2d3e-0000-4000-8000-{i:012d}",
+         "total": 80 * GIB, "used": used, "util": util, **extra}
+        for i in range(count)
+    ]
+
+
+class FakeNvml:
+    """The scenario file read by tests/fakes/pynvml.py; `update` rewrites it atomically."""
+
+    def __init__(self, path: Path, scenario: dict) -> None:
+        self.path = path
+        self.scenario = scenario
+        self.update()
+
+    def update(self, **changes: object) -> None:
+        self.scenario.update(changes)
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.scenario))
+        os.replace(tmp, self.path)
+
+
+class Scrape:
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.families = {f.name: f for f in text_string_to_metric_families(text)}
+
+    def samples(self, name: str) -> list:
+        return [s for f in self.families.values() for s in f.samples if s.name == name]
+
+    def value(self, metric: str, /, **labels: str) -> float | None:
+        for s in self.samples(metric):
+            if all(s.labels.get(k) == v for k, v in labels.items()):
+                return s.value
+        return None
+
+    def labelsets(self, name: str) -> list[dict[str, str]]:
+        return [s.labels for s in self.samples(name)]
+
+
+class Exporter:
+    def __init__(self, tmp: Path, config: str | None = None, nvml: dict | None = None,
+                 args: tuple[str, ...] = ()) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.nvml = FakeNvml(tmp / "nvml.json", nvml if nvml is not None else {"missing": True})
+        cmd = [sys.executable, "-m", "stallwatch", f"--web.listen-address=127.0.0.1:{self.port}", *args]
+        if config is not None:
+            path = tmp / "stallwatch.yml"
+            path.write_text(config)
+            cmd.append(f"--config.file={path}")
+        env = dict(os.environ, PYTHONPATH=f"{FAKES}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+                   STALLWATCH_FAKE_NVML=str(self.nvml.path))
+        self.log = tmp / "exporter.log"
+        self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=open(self.log, "wb"))
+        poll(lambda: self.get("/-/healthy")[0] == 200 or self._died(), what="exporter to listen")
+
+    def _died(self) -> bool:
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"exporter exited {self.proc.returncode}: {self.log.read_text()}")
+        return False
+
+    def get(self, path: str, timeout: float = 10.0) -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(self.url + path, timeout=timeout) as response:
+                return response.status, response.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode()
+
+    def scrape(self) -> Scrape:
+        status, body = self.get("/metrics")
+        assert status == 200, body
+        return Scrape(body)
+
+    def wait_for(self, check: Callable[[Scrape], T], timeout: float = 15.0, what: str = "metric") -> T:
+        return poll(lambda: check(self.scrape()), timeout=timeout, interval=0.2, what=what)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+ENGINE_COMMANDS = {
+    "sglang": [sys.executable, "-m", "sglang.launch_server", "--model-path", "moonshotai/Kimi-K2-Instruct"],
+    "vllm": [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", "meta-llama/Llama-3.1-70B"],
+    "llamacpp": [str(SIM_BIN / "llama-server"), "-m", "/models/qwen2.5-7b-instruct-q4_k_m.gguf"],
+}
+
+
+class Engine:
+    """A simulated engine process (tests/sim/pkgs/enginesim.py) with stdout and stderr in `log`."""
+
+    def __init__(self, tmp: Path, engine: str, transcript: str, final: str = "stall", tp: int = 8,
+                 port: int | None = None, burn_child_seconds: float = 0.0, load_http: str = "refuse",
+                 line_delay: float = 0.0, log_name: str | None = None) -> None:
+        self.port = port or free_port()
+        self.log = tmp / (log_name or f"{engine}-{self.port}.log")
+        transcript_path = tmp / f"{engine}-{self.port}.transcript"
+        transcript_path.write_text(transcript)
+        scenario = tmp / f"{engine}-{self.port}.json"
+        scenario.write_text(json.dumps({
+            "transcript": str(transcript_path), "final": final, "burn_child_seconds": burn_child_seconds,
+            "load_http": load_http, "line_delay": line_delay,
+        }))
+        env = dict(os.environ, ENGINESIM_SCENARIO=str(scenario),
+                   PYTHONPATH=f"{SIM_PKGS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+        cmd = [*ENGINE_COMMANDS[engine], "--port", str(self.port), "--tp", str(tp)]
+        with open(self.log, "ab") as out:
+            self.proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                         start_new_session=True)
+        self.name = f"{engine}-{self.port}"
+
+    def stop(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait()

@@ -1,0 +1,265 @@
+"""The exporter end to end through its real HTTP endpoint, with fake NVML and simulated engines."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from conftest import require
+from harness import GIB, Scrape, free_port, gpus, poll
+
+
+def test_landing_page_health_and_404(exporter) -> None:
+    e = exporter()
+    status, body = e.get("/")
+    assert status == 200 and "stallwatch" in body and 'href="/metrics"' in body
+    assert e.get("/-/healthy")[0] == 200
+    assert e.get("/nope")[0] == 404
+    assert e.scrape().value("stallwatch_build_info") == 1
+
+
+def test_flags_telemetry_path_and_disabled_collector(exporter) -> None:
+    e = exporter(args=("--web.telemetry-path=/m", "--no-collector.gpu"))
+    status, body = e.get("/m")
+    assert status == 200
+    scrape = Scrape(body)
+    collectors = {s.labels["collector"] for s in scrape.samples("stallwatch_collector_success")}
+    assert collectors == {"process", "probe"}
+    assert e.get("/metrics")[0] == 404
+
+
+def test_version_flag() -> None:
+    out = subprocess.run([sys.executable, "-m", "stallwatch", "--version"], capture_output=True, text=True)
+    assert out.returncode == 0 and re.match(r"stallwatch \d+\.\d+\.\d+", out.stdout)
+
+
+def test_bad_listen_address_exits_2() -> None:
+    out = subprocess.run([sys.executable, "-m", "stallwatch", "--web.listen-address=nope"],
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 2 and "--web.listen-address" in out.stderr
+
+
+def test_no_nvml_reports_down_and_logs_once(exporter) -> None:
+    e = exporter(nvml={"missing": True})
+    scrape = e.scrape()
+    assert scrape.value("stallwatch_nvml_up") == 0
+    assert scrape.value("stallwatch_collector_success", collector="gpu") == 1
+    assert scrape.samples("stallwatch_gpu_up") == []
+    time.sleep(3.5)  # the sampler's backoff retries at 1 s, 2 s: those retries must not log again
+    assert e.scrape().value("stallwatch_nvml_up") == 0
+    assert e.log.read_text().count("NVML unavailable") == 1
+
+
+def test_eight_idle_gpus(exporter) -> None:
+    e = exporter(nvml={"driver": "550.54.15", "gpus": gpus(8, used=76e9, util=0)})
+    scrape = e.wait_for(lambda s: len(s.samples("stallwatch_gpu_busy_seconds_total")) == 8 and s)
+    assert scrape.value("stallwatch_nvml_up") == 1
+    for i in range(8):
+        labels = {"gpu": str(i), "uuid": f"GPU-5f1c2d3e-0000-4000-8000-{i:012d}"}
+        assert scrape.value("stallwatch_gpu_up", **labels) == 1
+        assert scrape.value("stallwatch_gpu_memory_used_bytes", **labels) == 76e9
+        assert scrape.value("stallwatch_gpu_memory_total_bytes", **labels) == 80 * GIB
+        assert scrape.value("stallwatch_gpu_utilization_ratio", **labels) == 0
+        assert scrape.value("stallwatch_gpu_busy_seconds_total", **labels) == 0
+        assert scrape.value("stallwatch_gpu_info", **labels, name="NVIDIA H100 80GB HBM3",
+                            driver_version="550.54.15") == 1
+
+
+def test_busy_gpu_integrates_busy_seconds(exporter) -> None:
+    e = exporter(nvml={"gpus": gpus(2, util=0)})
+    e.nvml.update(gpus=[gpus(1, util=0)[0], {**gpus(2)[1], "util": 100}])
+    first = e.wait_for(lambda s: s.value("stallwatch_gpu_busy_seconds_total", gpu="1"))
+    start = time.monotonic()
+    later = e.wait_for(lambda s: (v := s.value("stallwatch_gpu_busy_seconds_total", gpu="1")) >= first + 2 and v)
+    elapsed = time.monotonic() - start
+    assert later - first <= elapsed + 1.5  # never more busy time than wall time
+    scrape = e.scrape()
+    assert scrape.value("stallwatch_gpu_utilization_ratio", gpu="1") == 1.0
+    assert scrape.value("stallwatch_gpu_busy_seconds_total", gpu="0") == 0
+
+
+def test_gpu_lost_mid_run_is_down_and_not_stale(exporter) -> None:
+    e = exporter(nvml={"gpus": gpus(4)})
+    e.wait_for(lambda s: len(s.samples("stallwatch_gpu_up")) == 4)
+    lost = gpus(4)
+    lost[2]["lost"] = True
+    e.nvml.update(gpus=lost)
+    scrape = e.wait_for(lambda s: s.value("stallwatch_gpu_up", gpu="2") == 0 and s)
+    assert scrape.value("stallwatch_nvml_up") == 1
+    assert scrape.value("stallwatch_collector_success", collector="gpu") == 1
+    assert scrape.value("stallwatch_gpu_memory_used_bytes", gpu="2") is None
+    assert scrape.value("stallwatch_gpu_busy_seconds_total", gpu="2") is None
+    assert [scrape.value("stallwatch_gpu_up", gpu=str(i)) for i in (0, 1, 3)] == [1, 1, 1]
+    assert "NVMLError_GpuIsLost" in e.log.read_text()
+
+
+def test_not_supported_fields_are_omitted(exporter) -> None:
+    nvml = gpus(2, util=100)
+    nvml[0]["unsupported"] = ["utilization", "memory_v2", "processes"]
+    nvml[1]["unsupported"] = ["samples"]  # busy seconds from the utilization rate instead
+    e = exporter(nvml={"gpus": nvml})
+    scrape = e.wait_for(lambda s: (s.value("stallwatch_gpu_busy_seconds_total", gpu="1") or 0) > 1 and s)
+    assert scrape.value("stallwatch_gpu_utilization_ratio", gpu="0") is None
+    assert scrape.value("stallwatch_gpu_memory_used_bytes", gpu="0") == 76e9  # v1 memory info
+    assert scrape.value("stallwatch_gpu_utilization_ratio", gpu="1") == 1.0
+
+
+def test_failing_collector_is_isolated(exporter) -> None:
+    e = exporter(nvml={"gpus": [{"total": "not a number"}]})
+    scrape = e.scrape()
+    assert scrape.value("stallwatch_collector_success", collector="gpu") == 0
+    assert scrape.value("stallwatch_collector_success", collector="process") == 1
+    assert scrape.value("stallwatch_build_info") == 1
+
+
+def test_sglang_tree_discovered_with_roles_states_and_gpu_memory(exporter, engine) -> None:
+    from transcripts import sglang_until_shards
+
+    sim = engine("sglang", sglang_until_shards(), final="stall", tp=8)
+    e = exporter(nvml={"gpus": gpus(8)})
+    roles = {"main", "detokenizer", *(f"scheduler_TP{i}" for i in range(8))}
+    scrape = e.wait_for(lambda s: roles <= {ls["process"] for ls in s.labelsets(
+        "stallwatch_process_resident_memory_bytes") if ls["server"] == sim.name} and s, what="scheduler titles")
+    assert scrape.value("stallwatch_server_up", server=sim.name) == 1
+    assert scrape.value("stallwatch_server_start_time_seconds", server=sim.name) > 1e9
+    assert scrape.value("stallwatch_server_processes", server=sim.name, state="S") >= 10
+    assert scrape.value("stallwatch_process_threads", server=sim.name, process="scheduler_TP3") >= 1
+    assert scrape.value("stallwatch_process_cpu_seconds_total", server=sim.name, process="main", mode="user") > 0
+    assert all("pid" not in ls and not re.search(r"\d{3,}", ls["process"])
+               for ls in scrape.labelsets("stallwatch_process_threads"))
+    # The health URL derived from --port: refused while "loading".
+    url = f"http://127.0.0.1:{sim.port}/health"
+    scrape = e.wait_for(lambda s: (s.value("stallwatch_probe_failures_total", server=sim.name, url=url,
+                                           reason="refused") or 0) >= 1 and s)
+    assert scrape.value("stallwatch_probe_success", server=sim.name, url=url) == 0
+    assert scrape.value("stallwatch_probe_http_status_code", server=sim.name, url=url) == 0
+    # The log file comes from the main process's stdout.
+    assert str(sim.log) in e.get("/")[1]
+    # NVML's process list, matched against the tree: each scheduler holds 76 GB on its GPU.
+    import psutil
+
+    children = {p.cmdline()[0]: p.pid for p in psutil.Process(sim.proc.pid).children(recursive=True)
+                if p.cmdline() and p.cmdline()[0].startswith("sglang::scheduler")}
+    held = gpus(8)
+    for i in range(8):
+        held[i]["processes"] = [{"pid": children[f"sglang::scheduler_TP{i}"], "used": 75e9},
+                                {"pid": 1, "used": 1e9}]  # someone else's process does not count
+    e.nvml.update(gpus=held)
+    scrape = e.wait_for(lambda s: len([ls for ls in s.labelsets("stallwatch_server_gpu_memory_used_bytes")
+                                       if ls["server"] == sim.name]) == 8 and s)
+    assert scrape.value("stallwatch_server_gpu_memory_used_bytes", server=sim.name, gpu="5") == 75e9
+    assert scrape.value("stallwatch_stall_gpu_memory_threshold_bytes", server=sim.name) == 1e9
+    assert scrape.value("stallwatch_stall_log_stale_threshold_seconds", server=sim.name) == 600
+
+    sim.stop()
+    e.wait_for(lambda s: s.value("stallwatch_server_up", server=sim.name) == 0)
+
+
+def test_exited_child_keeps_its_cpu(exporter, engine) -> None:
+    from transcripts import sglang_until_shards
+
+    sim = engine("sglang", sglang_until_shards(tp=1), tp=1, burn_child_seconds=3.0)
+    e = exporter()
+
+    def cpu(s: Scrape) -> float:
+        return sum(s.value("stallwatch_process_cpu_seconds_total", server=sim.name, process="short_lived",
+                           mode=m) or 0 for m in ("user", "system"))
+
+    seen = e.wait_for(lambda s: cpu(s) >= 1.0 and cpu(s), what="CPU of the short-lived child")
+    e.wait_for(lambda s: s.value("stallwatch_process_threads", server=sim.name, process="short_lived") is None,
+               what="the child to exit")
+    assert cpu(e.scrape()) >= seen
+
+
+def test_vllm_serving_probe_succeeds(exporter, engine) -> None:
+    from transcripts import vllm_healthy
+
+    sim = engine("vllm", vllm_healthy(), final="serve", tp=2)
+    e = exporter()
+    url = f"http://127.0.0.1:{sim.port}/health"
+    scrape = e.wait_for(lambda s: s.value("stallwatch_probe_success", server=sim.name, url=url) == 1 and s,
+                        timeout=20)
+    assert scrape.value("stallwatch_probe_http_status_code", server=sim.name, url=url) == 200
+    assert abs(scrape.value("stallwatch_probe_last_success_timestamp_seconds", server=sim.name, url=url)
+               - time.time()) < 60
+    e.wait_for(lambda s: {"main", "EngineCore", "Worker_TP0", "Worker_TP1"} <= {
+        ls["process"] for ls in s.labelsets("stallwatch_process_threads") if ls["server"] == sim.name})
+
+
+class _Target(BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        if self.path == "/hang":
+            time.sleep(3)
+        if self.path == "/redirect":
+            self.send_response(302)
+            self.send_header("Location", "/ok")
+            self.end_headers()
+            return
+        body = b"x" * (10 * 2**20) if self.path == "/big" else b"ok"
+        self.send_response(503 if self.path == "/503" else 200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        try:
+            self.wfile.write(body)
+        except OSError:
+            pass  # the prober reads 64 KiB and hangs up
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def target() -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Target)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+def test_probe_outcomes(exporter, target: str) -> None:
+    closed = f"http://127.0.0.1:{free_port()}/health"
+    urls = {"ok": f"{target}/ok", "503": f"{target}/503", "redirect": f"{target}/redirect",
+            "hang": f"{target}/hang", "big": f"{target}/big", "refused": closed}
+    probes = "".join(f"      - {{url: '{u}', timeout: 1s, interval: 1s}}\n" for u in urls.values())
+    e = exporter(config=f"servers:\n  - name: probed\n    engine: sglang\n    probes:\n{probes}")
+
+    def value(s: Scrape, metric: str, key: str, **labels: str) -> float | None:
+        return s.value(metric, server="probed", url=urls[key], **labels)
+
+    scrape = e.wait_for(lambda s: all(value(s, "stallwatch_probe_success", k) is not None for k in urls) and s,
+                        what="every probe to finish once")
+    assert value(scrape, "stallwatch_probe_success", "ok") == 1
+    assert value(scrape, "stallwatch_probe_success", "big") == 1
+    assert value(scrape, "stallwatch_probe_duration_seconds", "big") < 1
+    expected = {"503": ("http_status", 503), "redirect": ("http_status", 302), "hang": ("timeout", 0),
+                "refused": ("refused", 0)}
+    for key, (reason, code) in expected.items():
+        assert value(scrape, "stallwatch_probe_success", key) == 0, key
+        assert value(scrape, "stallwatch_probe_http_status_code", key) == code, key
+        assert value(scrape, "stallwatch_probe_failures_total", key, reason=reason) >= 1, key
+    assert 0.9 < value(scrape, "stallwatch_probe_duration_seconds", "hang") < 2
+    assert value(scrape, "stallwatch_probe_last_success_timestamp_seconds", "503") is None
+    assert value(scrape, "stallwatch_server_up", "ok") is None  # not a probe series
+    assert scrape.value("stallwatch_server_up", server="probed") == 0  # no such process
+
+
+def test_promtool_check_metrics_on_live_scrape(exporter, engine, tmp_path: Path) -> None:
+    from transcripts import sglang_until_shards
+
+    promtool = require("promtool")
+    sim = engine("sglang", sglang_until_shards(tp=2), tp=2)
+    e = exporter(nvml={"gpus": gpus(2)})
+    scrape = e.wait_for(lambda s: s.value("stallwatch_server_up", server=sim.name) == 1 and
+                        s.value("stallwatch_probe_success", server=sim.name,
+                                url=f"http://127.0.0.1:{sim.port}/health") is not None and s)
+    result = subprocess.run([promtool, "check", "metrics"], input=scrape.text, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr

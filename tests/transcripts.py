@@ -1,0 +1,263 @@
+"""Engine log transcripts built from the engines' real strings (../shared/research/engines.md).
+
+Each function returns the bytes an engine writes to its stdout/stderr for one scenario, with the real
+prefixes (SGLang `[date TPn]`, vLLM `(EngineCore pid=N) INFO MM-DD ...`), interleaved TP ranks and tqdm
+progress bars that rewrite one line with `\\r`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+SG_DAY = "2026-11-20"
+
+
+def _sg(clock: str, message: str, rank: int | None = None) -> str:
+    prefix = f" TP{rank}" if rank is not None else ""
+    return f"[{SG_DAY} {clock}{prefix}] {message}\n"
+
+
+def _sg_all(clock: str, message: str, tp: int) -> str:
+    return "".join(_sg(clock, message, rank) for rank in range(tp))
+
+
+def _tqdm(desc: str, total: int, unit_rate: str = "5.01s/it", newline_each: bool = False) -> str:
+    """A tqdm bar in SGLang/vLLM's `{desc}: {pct}% Completed | n/N [...]` format."""
+    parts = []
+    for n in range(total + 1):
+        pct = round(100 * n / total)
+        bar = f"{desc}: {pct:3d}% Completed | {n}/{total} [00:{n:02d}<00:00, {unit_rate}]"
+        parts.append(bar + "\n" if newline_each else "\r" + bar)
+    return "".join(parts) + ("" if newline_each else "\n")
+
+
+def sglang_until_shards(tp: int = 8, shards: int = 64, draft: bool = True) -> str:
+    """SGLang 0.5.x TP=8 with EAGLE3: launch to the last weight shard (the seed stall ends here)."""
+    args = ("server_args=ServerArgs(model_path='moonshotai/Kimi-K2-Instruct', tokenizer_path='moonshotai/"
+            f"Kimi-K2-Instruct', tp_size={tp}, port=30000, host='127.0.0.1', mem_fraction_static=0.85, "
+            "speculative_algorithm='EAGLE3', speculative_draft_model_path='lmsys/Kimi-K2-EAGLE3', "
+            "speculative_num_steps=3, speculative_eagle_topk=1, speculative_num_draft_tokens=4)")
+    return (
+        _sg("09:14:02", args)
+        + _sg_all("09:14:09", "Init parallel begin.", tp)
+        + _sg_all("09:14:12", "Init parallel ends. elapsed=2.91 s", tp)
+        + _sg("09:14:12", "Memory baseline taken. mem usage=0.62 GB", 0)
+        + _sg("09:14:13", f"NCCL/RCCL/HCCL warmup completed in 0.412s (tp_size={tp}, pp_size=1, ep_size=1)", 0)
+        + _sg_all("09:14:13", "Load weight begin. avail mem=78.54 GB", tp)
+        + _tqdm("Loading safetensors checkpoint shards", shards)
+    )
+
+
+def sglang_after_shards(tp: int = 8) -> str:
+    """What a healthy SGLang prints after the shards: KV cache, graph capture, draft model, ready."""
+    out = _sg_all("09:19:41", "Load weight end. elapsed=328.02 s, type=DeepseekV3ForCausalLM, "
+                  "quant=fp8, avail mem=2.61 GB, mem usage=75.93 GB.", tp)
+    out += _sg_all("09:19:44", "KV Cache is allocated. dtype: torch.bfloat16, #tokens: 131072, "
+                   "KV size: 0.92 GB", tp)
+    out += _sg("09:19:44", "Memory pool end. avail mem=1.62 GB", 0)
+    out += _sg("09:19:45", "Capture target decode CUDA graph begin. backend=flashinfer, num_tokens_per_req=4, "
+               "avail mem=1.58 GB", 0)
+    out += "\r".join(f"Capturing batches (bs={bs} avail_mem=1.41 GB): {p:3d}%|█| {i}/4 [00:0{i}<00:00]"
+                     for i, (bs, p) in enumerate([(8, 0), (4, 25), (2, 50), (1, 100)])) + "\n"
+    out += _sg("09:20:31", "Capture target decode CUDA graph end. bs=[1, 2, 4, 8], elapsed=46.10 s, "
+               "mem usage=0.21 GB, avail mem=1.37 GB.", 0)
+    out += _sg_all("09:20:32", "Load weight begin. avail mem=1.37 GB", tp)
+    out += _sg_all("09:20:35", "Load weight end. elapsed=3.11 s, type=LlamaForCausalLMEagle3, "
+                   "avail mem=0.98 GB, mem usage=0.39 GB.", tp)
+    out += _sg("09:20:35", "Capture draft decode CUDA graph begin. backend=flashinfer, num_tokens_per_req=1, "
+               "bs=[1, 2, 4, 8], avail mem=0.98 GB", 0)
+    out += _sg("09:20:52", "Capture draft decode CUDA graph end. elapsed=17.02 s, mem usage=0.08 GB, "
+               "avail mem=0.90 GB.", 0)
+    out += _sg("09:20:53", "max_total_num_tokens=131072, chunked_prefill_size=8192, max_prefill_tokens=16384, "
+               "max_running_requests=48, context_len=131072, available_gpu_mem=0.90 GB", 0)
+    out += _sg("09:20:54", "INFO:     Started server process [889167]")
+    out += _sg("09:20:54", "INFO:     Waiting for application startup.")
+    out += _sg("09:20:54", "INFO:     Application startup complete.")
+    out += _sg("09:20:54", "INFO:     Uvicorn running on http://127.0.0.1:30000 (Press CTRL+C to quit)")
+    out += _sg("09:20:55", "INFO:     127.0.0.1:40112 - \"GET /model_info HTTP/1.1\" 200 OK")
+    out += _sg("09:20:56", "Prefill batch, #new-seq: 1, #new-token: 7, #cached-token: 0, token usage: 0.00, "
+               "#running-req: 0, #queue-req: 0, #pending-token: 0", 0)
+    out += _sg("09:20:57", "INFO:     127.0.0.1:40112 - \"POST /generate HTTP/1.1\" 200 OK")
+    out += _sg("09:20:57", "The server is fired up and ready to roll!")
+    return out
+
+
+def sglang_decode(count: int, start_second: int = 0) -> Iterable[str]:
+    """Steady-state `Decode batch` lines, as a busy server prints them every 40 steps."""
+    for i in range(count):
+        s = start_second + i
+        yield _sg(f"10:{(s // 60) % 60:02d}:{s % 60:02d}",
+                  f"Decode batch, #running-req: {i % 48 + 1}, #token: {1024 + i % 4096}, token usage: 0.03, "
+                  "accept len: 2.71, cuda graph: True, gen throughput (token/s): 1873.44, #queue-req: 0", 0)
+
+
+def sglang_healthy(tp: int = 8) -> str:
+    return sglang_until_shards(tp) + sglang_after_shards(tp)
+
+
+def sglang_graph_crash(tp: int = 8) -> str:
+    """CUDA graph capture fails with OOM; the scheduler dies and the launcher gives up."""
+    out = sglang_until_shards(tp)
+    out += _sg_all("09:19:41", "Load weight end. elapsed=328.02 s, type=DeepseekV3ForCausalLM, "
+                   "avail mem=2.61 GB, mem usage=75.93 GB.", tp)
+    out += _sg("09:19:45", "Capture cuda graph begin. This can take up to several minutes. avail mem=2.98 GB", 0)
+    out += _sg("09:19:52", "Scheduler hit an exception: Traceback (most recent call last):", 3)
+    out += "Exception: Capture cuda graph failed: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 3 has a " \
+           "total capacity of 79.10 GiB of which 1.12 GiB is free.\n"
+    out += _sg("09:19:52", "Received sigquit from a child process. It usually means the child failed.")
+    return out
+
+
+def sglang_nccl_timeout(tp: int = 8) -> str:
+    """Serving, then a collective hangs and the NCCL watchdog takes the rank down."""
+    out = sglang_healthy(tp) + "".join(sglang_decode(5))
+    out += ("[rank4]:[E1120 10:31:22.426415540 ProcessGroupNCCL.cpp:629] [Rank 4] Watchdog caught collective "
+            "operation timeout: WorkNCCL(SeqNum=151721, OpType=ALLREDUCE, NumelIn=131072000, "
+            "NumelOut=131072000, Timeout(ms)=600000) ran for 600081 milliseconds before timing out.\n")
+    out += ("[rank4]:[E1120 10:31:22.427001231 ProcessGroupNCCL.cpp:2168] [PG ID 2 PG GUID 3 Rank 4] Exception "
+            "(either an error or timeout) detected by watchdog at work: 151721, last enqueued NCCL work: 151721, "
+            "last completed NCCL work: 151720.\n")
+    out += "terminate called after throwing an instance of 'c10::DistBackendError'\n"
+    return out
+
+
+def _vl(proc: str, pid: int, clock: str, where: str, message: str, level: str = "INFO") -> str:
+    return f"({proc} pid={pid}) {level} 11-20 {clock} [{where}] {message}\n"
+
+
+def vllm_healthy(tp: int = 2) -> str:
+    """vLLM 0.33, TP=2 (`mp` executor): API server, EngineCore and workers with their prefixes."""
+    out = _vl("APIServer", 525681, "09:00:01", "startup.py:18",
+              "vLLM server version 0.33.0, serving model meta-llama/Llama-3.1-70B-Instruct")
+    out += _vl("APIServer", 525681, "09:00:01", "startup.py:96",
+               "non-default args: {'model': 'meta-llama/Llama-3.1-70B-Instruct', 'tensor_parallel_size': 2}")
+    out += _vl("EngineCore", 525790, "09:00:09", "core.py:140",
+               "Initializing a V1 LLM engine (v0.33.0) with config: model='meta-llama/Llama-3.1-70B-Instruct'")
+    for rank in range(tp):
+        out += _vl(f"Worker_TP{rank}", 525800 + rank, "09:00:15", "pynccl.py:148", "vLLM is using nccl==2.27.3")
+    for rank in range(tp):
+        out += _vl(f"Worker_TP{rank}", 525800 + rank, "09:00:16", "gpu_model_runner.py:4979",
+                   "Starting to load model meta-llama/Llama-3.1-70B-Instruct...")
+    out += _tqdm("Loading safetensors checkpoint shards", 30, "1.77it/s", newline_each=True)
+    for rank in range(tp):
+        out += _vl(f"Worker_TP{rank}", 525800 + rank, "09:01:02", "default_loader.py:507",
+                   "Loading weights took 45.12 seconds")
+        out += _vl(f"Worker_TP{rank}", 525800 + rank, "09:01:03", "gpu_model_runner.py:5089",
+                   "Model loading took 65.7 GiB memory and 46.331203 seconds")
+    out += _vl("Worker_TP0", 525800, "09:01:21", "backends.py:1188", "Dynamo bytecode transform time: 11.02 s")
+    out += _vl("Worker_TP0", 525800, "09:01:40", "gpu_worker.py:773", "Available KV cache memory: 6.21 GiB")
+    out += _vl("EngineCore", 525790, "09:01:40", "kv_cache_utils.py:1148",
+               "GPU KV cache size: 40,688 tokens, Maximum concurrency for 131,072 tokens per request: 0.31x")
+    out += "".join(f"Capturing CUDA graphs (mixed prefill-decode, PIECEWISE): {round(100 * n / 67):3d}%|█| "
+                   f"{n}/67 [00:{n % 60:02d}<00:00, 3.05it/s]\n" for n in range(0, 68, 11))
+    out += _vl("Worker_TP0", 525800, "09:02:12", "gpu_model_runner.py:6517",
+               "Graph capturing finished in 31 secs, took 0.74 GiB")
+    out += _vl("EngineCore", 525790, "09:02:13", "core.py:413",
+               "init engine (profile, create kv cache, warmup model) took 57.33 s (compilation: 11.02 s)")
+    out += _vl("APIServer", 525681, "09:02:14", "entry.py:135", "Supported tasks: ['generate']")
+    out += _vl("APIServer", 525681, "09:02:14", "entry.py:139", "Starting vLLM server on http://0.0.0.0:8000")
+    out += _vl("APIServer", 525681, "09:02:14", "launcher.py:188", "Available routes are:")
+    out += _vl("APIServer", 525681, "09:02:14", "launcher.py:196", "Route: /health, Methods: GET")
+    out += "(APIServer pid=525681) INFO:     Started server process [525681]\n"
+    out += "(APIServer pid=525681) INFO:     Waiting for application startup.\n"
+    out += "(APIServer pid=525681) INFO:     Application startup complete.\n"
+    return out
+
+
+def vllm_shm_stall(tp: int = 2, repeats: int = 3) -> str:
+    """Serving, then EngineCore's workers hang: the ring buffer warning every 60 s, requests stuck."""
+    out = vllm_healthy(tp)
+    out += _vl("APIServer", 525681, "09:05:02", "loggers.py:276",
+               "Engine 000: Avg prompt throughput: 0.0 tokens/s, Avg generation throughput: 0.0 tokens/s, "
+               "Running: 255 reqs, Waiting: 0 reqs, GPU KV cache usage: 0.0%, Prefix cache hit rate: 0.0%")
+    for minute in range(repeats):
+        out += _vl("EngineCore", 525790, f"09:0{6 + minute}:02", "shm_broadcast.py:761",
+                   "No available shared memory broadcast block found in 60 seconds. This typically happens when "
+                   "some processes are hanging or doing some time-consuming work (e.g. compilation, weight/kv "
+                   "cache quantization).")
+    return out
+
+
+def vllm_0_11_ansi() -> str:
+    """vLLM 0.10-0.15 lines with `(EngineCore_DP0 ...)` and colour codes around the prefix."""
+    return (
+        "\x1b[1;36m(EngineCore_DP0 pid=279)\x1b[0;0m INFO 11-20 09:00:09 [core.py:96] Initializing a V1 LLM "
+        "engine (v0.11.0) with config: model='Qwen/Qwen3-8B'\n"
+        "\x1b[1;36m(EngineCore_DP0 pid=279)\x1b[0;0m INFO 11-20 09:00:12 [gpu_model_runner.py:2602] Starting "
+        "to load model Qwen/Qwen3-8B...\n"
+        "\x1b[1;36m(EngineCore_DP0 pid=279)\x1b[0;0m INFO 11-20 09:00:19 [default_loader.py:267] Loading "
+        "weights took 6.10 seconds\n"
+    )
+
+
+def vllm_v0() -> str:
+    """V0 (<= 0.7) format: no brackets around the file, `(VllmWorkerProcess pid=N)` workers."""
+    return (
+        "INFO 01-31 10:27:32 llm_engine.py:234] Initializing an LLM engine (v0.6.6) with config: model='x'\n"
+        "(VllmWorkerProcess pid=1152873) INFO 01-31 10:27:40 model_runner.py:1094] Starting to load model x...\n"
+        "INFO 01-31 10:28:12 model_runner.py:1099] Loading model weights took 7.1217 GB\n"
+        "INFO 01-31 10:28:15 worker.py:241] Memory profiling takes 2.41 seconds\n"
+        "INFO 01-31 10:28:20 model_runner.py:1415] Capturing cudagraphs for decoding. This may lead to "
+        "unexpected consequences if the model is not static.\n"
+    )
+
+
+def _tgi(clock: str, target: str, message: str, level: str = "INFO") -> str:
+    return f"2026-11-20T{clock}.170897Z  {level} {target}: {message}\n"
+
+
+def tgi_healthy() -> str:
+    out = _tgi("09:00:01", "text_generation_launcher", "Args { model_id: \"bigscience/bloom-560m\", "
+               "num_shard: Some(2), port: 3000 }")
+    out += _tgi("09:00:01", "download: text_generation_launcher",
+                "Starting check and download process for bigscience/bloom-560m")
+    out += _tgi("09:00:04", "download: text_generation_launcher",
+                "Successfully downloaded weights for bigscience/bloom-560m")
+    for rank in range(2):
+        out += _tgi("09:00:04", "shard-manager: text_generation_launcher", f"Starting shard rank={rank}")
+    for rank in range(2):
+        out += _tgi("09:00:14", "shard-manager: text_generation_launcher", f"Waiting for shard to be ready... "
+                    f"rank={rank}")
+    out += _tgi("09:00:19", "text_generation_launcher", "Server started at unix:///tmp/text-generation-server-0")
+    out += _tgi("09:00:19", "shard-manager: text_generation_launcher", "Shard ready in 15.2s rank=0")
+    out += _tgi("09:00:19", "text_generation_launcher", "Starting Webserver")
+    out += _tgi("09:00:20", "text_generation_router_v3", "backends/v3/src/lib.rs:125: Warming up model")
+    out += _tgi("09:00:22", "text_generation_launcher", "Cuda Graphs are enabled for sizes [32, 16, 8, 4, 2, 1]")
+    out += _tgi("09:00:31", "text_generation_router_v3",
+                "backends/v3/src/lib.rs:137: Setting max batch total tokens to 277776")
+    out += _tgi("09:00:31", "text_generation_router::server", "router/src/server.rs:2302: Connected")
+    return out
+
+
+def tgi_shard_crash() -> str:
+    out = tgi_healthy()
+    out += _tgi("09:40:02", "text_generation_launcher", "Shard 1 crashed", level="ERROR")
+    out += _tgi("09:40:02", "text_generation_launcher", "Shard complete standard error output:\n\nTraceback "
+                "(most recent call last):", level="ERROR")
+    return out
+
+
+def llamacpp_healthy() -> str:
+    return (
+        "build: 4785 (aa6192d3) with cc (Debian 12.2.0-14) 12.2.0 for x86_64-linux-gnu\n"
+        "system info: n_threads = 16, n_threads_batch = 16, total_threads = 32\n"
+        "main: HTTP server is listening, hostname: 127.0.0.1, port: 8080, http threads: 31\n"
+        "main: loading model\n"
+        "srv    load_model: loading model '/models/qwen2.5-7b-instruct-q4_k_m.gguf'\n"
+        "llama_model_loader: loaded meta data with 29 key-value pairs and 339 tensors\n"
+        "llama_context: n_ctx = 4096\n"
+        "llama_kv_cache_unified:      CUDA0 KV buffer size =   224.00 MiB\n"
+        "common_init_from_params: warming up the model with an empty run - please wait ...\n"
+        "main: model loaded\n"
+        "main: server is listening on http://127.0.0.1:8080 - starting the main loop\n"
+        "srv  update_slots: all slots are idle\n"
+    )
+
+
+def llamacpp_load_error() -> str:
+    return (
+        "build: 4785 (aa6192d3) with cc (Debian 12.2.0-14) 12.2.0 for x86_64-linux-gnu\n"
+        "main: loading model\n"
+        "srv    load_model: loading model '/models/missing.gguf'\n"
+        "main: exiting due to model loading error\n"
+    )
