@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -103,7 +104,8 @@ class Exporter:
         env = dict(os.environ, PYTHONPATH=f"{FAKES}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
                    STALLWATCH_FAKE_NVML=str(self.nvml.path))
         self.log = tmp / "exporter.log"
-        self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=open(self.log, "wb"))
+        with open(self.log, "wb") as stderr:
+            self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=stderr)
         poll(lambda: self.get("/-/healthy")[0] == 200 or self._died(), what="exporter to listen")
 
     def _died(self) -> bool:
@@ -167,8 +169,6 @@ class Engine:
         self.name = f"{engine}-{self.port}"
 
     def stop(self) -> None:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         self.proc.wait()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 import subprocess
 import sys
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from conftest import require
-from harness import GIB, Scrape, free_port, gpus, poll
+from harness import GIB, Scrape, free_port, gpus
 
 
 def test_landing_page_health_and_404(exporter) -> None:
@@ -207,10 +208,8 @@ class _Target(BaseHTTPRequestHandler):
         self.send_response(503 if self.path == "/503" else 200)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
-        try:
+        with contextlib.suppress(OSError):  # the prober reads 64 KiB and hangs up
             self.wfile.write(body)
-        except OSError:
-            pass  # the prober reads 64 KiB and hangs up
 
     def log_message(self, *args: object) -> None:
         pass

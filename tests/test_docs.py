@@ -1,0 +1,28 @@
+"""The README documents exactly the metric families the exporter can emit."""
+
+from __future__ import annotations
+
+import re
+
+from harness import ROOT
+from stallwatch.metrics import CATALOG, PREFIX
+
+
+def documented() -> set[str]:
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## Metrics", 1)[1].split("\n## ", 1)[0]
+    return set(re.findall(r"^\| `(stallwatch_\w+)` \|", section, re.MULTILINE))
+
+
+def test_every_family_is_documented_and_every_documented_family_exists() -> None:
+    emitted = {PREFIX + name for name in CATALOG}
+    assert documented() - emitted == set(), "documented in README but not in stallwatch.metrics.CATALOG"
+    assert emitted - documented() == set(), "in stallwatch.metrics.CATALOG but not documented in README"
+
+
+def test_catalog_follows_naming_conventions() -> None:
+    for name, family in CATALOG.items():
+        assert family.help.endswith("."), name
+        if name != "weight_shards_total":  # a gauge whose name the design contract fixes
+            assert name.endswith("_total") == (family.kind == "counter"), name
+        assert not re.search(r"_(percent|ms|mib|mb)$", name), name
