@@ -33,7 +33,7 @@ def test_flags_telemetry_path_and_disabled_collector(exporter) -> None:
     assert status == 200
     scrape = Scrape(body)
     collectors = {s.labels["collector"] for s in scrape.samples("stallwatch_collector_success")}
-    assert collectors == {"process", "probe"}
+    assert collectors == {"process", "probe", "logs", "phase"}
     assert e.get("/metrics")[0] == 404
 
 

@@ -15,16 +15,19 @@ from stallwatch import __version__
 from stallwatch import config as config_module
 from stallwatch.collectors import Source, StallwatchCollector
 from stallwatch.collectors.gpu import GpuCollector
+from stallwatch.collectors.logs import LogsCollector
+from stallwatch.collectors.phase import PhaseCollector
 from stallwatch.collectors.probe import ProbeCollector
 from stallwatch.collectors.process import ProcessCollector
 from stallwatch.config import Config, ConfigError
+from stallwatch.logfollow import LogManager
 from stallwatch.nvml import Nvml
 from stallwatch.prober import ProbeManager
 from stallwatch.server import make_app, serve
 from stallwatch.servers import Watcher
 
 DEFAULT_PORT = 9847
-COLLECTORS = ("gpu", "process", "probe")
+COLLECTORS = ("gpu", "process", "probe", "logs")
 log = logging.getLogger("stallwatch")
 
 
@@ -75,10 +78,16 @@ def build(config: Config, enabled: dict[str, bool]) -> tuple[Watcher, Stallwatch
         background.append(nvml)
     if enabled["process"]:
         sources["process"] = ProcessCollector(watcher)
+    probes = None
     if enabled["probe"]:
         probes = ProbeManager()
         watcher.on_change(probes.reconcile)
         sources["probe"] = ProbeCollector(probes)
+    if enabled["logs"]:
+        logs = LogManager(watcher, config.logs_poll_interval)
+        sources["logs"] = LogsCollector(logs, watcher)
+        background.append(logs)
+    sources["phase"] = PhaseCollector(watcher, probes)
     return watcher, StallwatchCollector(watcher, sources), background
 
 

@@ -20,6 +20,7 @@ import psutil
 
 from stallwatch.config import Config, Probe, ServerSpec
 from stallwatch.engines import ENGINES, Engine
+from stallwatch.phase import PhaseTracker
 from stallwatch.proctree import CpuLedger, ProcSample, sample
 
 log = logging.getLogger(__name__)
@@ -50,6 +51,7 @@ class Server:
         self._tree: tuple[float, list[ProcSample]] = (float("-inf"), [])
         self.probes: tuple[Probe, ...] = spec.probes or ()
         self.log_paths: tuple[str, ...] = spec.logs
+        self.tracker = PhaseTracker(self.engine)
 
     def attach(self, candidate: Candidate) -> bool:
         """Follow `candidate` as the main process; True when it is a new launch."""
@@ -70,7 +72,8 @@ class Server:
                 self.probes = self._derived_probes()
             if not self.spec.logs:
                 self.log_paths = _stdio_files(candidate.pid)
-            return True
+        self.tracker.process_started(candidate.create_time)
+        return True
 
     def _derived_probes(self) -> tuple[Probe, ...]:
         host, port = self.engine.listen_address(self.argv)

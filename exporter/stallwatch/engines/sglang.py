@@ -14,7 +14,6 @@ ENGINE = Engine(
         rule(r"server_args=ServerArgs\(", phase="launching"),
         rule(r"Init parallel begin\.|Init torch distributed begin\.", phase="launching"),
         rule(r"Load weight begin\.", phase="loading_weights"),
-        rule(r"Loading safetensors checkpoint shards:", phase="loading_weights"),
         rule(r"Load weight end\.|KV Cache is allocated\.|Memory pool end\.", phase="allocating_memory"),
         rule(r"Capture (?:target|draft) \w+ CUDA graph begin|Capture cuda graph begin", phase="capturing_graphs"),
         rule(r"Capturing batches \(", phase="capturing_graphs"),

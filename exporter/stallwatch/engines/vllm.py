@@ -15,7 +15,6 @@ ENGINE = Engine(
         rule(r"vLLM (?:API )?server version|non-default args:", phase="launching"),
         rule(r"Initializing an? (?:V1 )?LLM engine", phase="launching"),
         rule(r"Starting to load model|Loading drafter model|Using model weights format", phase="loading_weights"),
-        rule(r"Loading safetensors checkpoint shards:", phase="loading_weights"),
         rule(r"Loading weights took|Model loading took|Memory profiling takes", phase="allocating_memory"),
         rule(r"Available KV cache memory|KV cache size: [\d,]+ tokens|# GPU blocks:", phase="allocating_memory"),
         rule(r"Capturing CUDA graphs|Capturing cudagraphs|Capturing the model for CUDA graphs",

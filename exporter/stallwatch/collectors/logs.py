@@ -1,0 +1,38 @@
+"""Logs collector: per-file size, bytes, lines, growth time and readability; notable events per server."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+
+from prometheus_client.core import Metric
+
+from stallwatch.logfollow import LogManager
+from stallwatch.metrics import family
+from stallwatch.servers import Watcher
+
+
+class LogsCollector:
+    def __init__(self, manager: LogManager, watcher: Watcher, wall: Callable[[], float] = time.time) -> None:
+        self.manager, self.watcher, self._wall = manager, watcher, wall
+
+    def collect(self) -> Iterator[Metric]:
+        up, size = family("log_up"), family("log_size_bytes")
+        read, lines = family("log_read_bytes_total"), family("log_lines_total")
+        last, age = family("log_last_line_timestamp_seconds"), family("log_last_line_age_seconds")
+        now = self._wall()
+        for stats in self.manager.stats():
+            labels = [stats.server, stats.path]
+            up.add_metric(labels, 1.0 if stats.up else 0.0)
+            if stats.size is not None:
+                size.add_metric(labels, float(stats.size))
+            read.add_metric(labels, float(stats.read_bytes))
+            lines.add_metric(labels, float(stats.lines))
+            if stats.last_growth is not None:
+                last.add_metric(labels, stats.last_growth)
+                age.add_metric(labels, max(0.0, now - stats.last_growth))
+        events = family("log_events_total")
+        for server in self.watcher.servers():
+            for event, count in sorted(server.tracker.snapshot()[4].items()):
+                events.add_metric([server.name, event], float(count))
+        yield from (up, size, read, lines, last, age, events)

@@ -1,0 +1,271 @@
+"""Following log files: bytes, lines and growth time per file, and complete lines handed to the server's
+phase tracker. Survives rotation (rename or copytruncate), deletion, re-pointed symlinks, files that appear
+late, binary bytes and endless lines. inotify (watchdog) wakes the follower at once; polling is the floor,
+so network filesystems without events still work."""
+
+from __future__ import annotations
+
+import glob
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from watchdog.events import FileSystemEvent, FileSystemEventHandler
+from watchdog.observers import Observer
+
+from stallwatch.phase import PhaseTracker
+from stallwatch.servers import Server, Watcher
+
+log = logging.getLogger(__name__)
+
+CHUNK_BYTES = 1 << 20
+MAX_PARTIAL_BYTES = 1 << 20  # of an unfinished line kept for matching; the rest is counted, not kept
+RECOVERY_BYTES = 64 << 20  # how far back from the end a restarted exporter looks for the last launch
+READ_BUDGET_BYTES = 64 << 20  # per file and poll, so one busy file cannot starve the others
+MIN_POLL_GAP = 0.05
+
+
+@dataclass(frozen=True)
+class LogStats:
+    server: str
+    path: str
+    up: bool
+    size: int | None
+    read_bytes: int
+    lines: int
+    last_growth: float | None
+
+
+class LogFile:
+    def __init__(self, server: str, path: str, tracker: PhaseTracker, wall: Callable[[], float] = time.time,
+                 recover: bool = True) -> None:
+        self.server, self.path, self.tracker, self._wall = server, path, tracker, wall
+        self._recover = recover
+        self._fd: int | None = None
+        self._ident: tuple[int, int] | None = None
+        self._offset = 0
+        self._partial = bytearray()
+        self._overlong = False
+        self._error: str | None = None
+        self.up = False
+        self.size: int | None = None
+        self.read_bytes = 0
+        self.lines = 0
+        self.last_growth: float | None = None
+
+    def stats(self) -> LogStats:
+        return LogStats(self.server, self.path, self.up, self.size, self.read_bytes, self.lines, self.last_growth)
+
+    def poll(self) -> None:
+        try:
+            st = os.stat(self.path)
+        except OSError as exc:
+            self.mark_down(exc)
+            if self._fd is not None:
+                self._read_to_end(self._fd)  # deleted, but the writer may still hold it open
+            return
+        if (st.st_dev, st.st_ino) != self._ident:
+            self._switch(st)
+        assert self._fd is not None
+        size = os.fstat(self._fd).st_size
+        if size < self._offset:  # copytruncate: start over at the top
+            self._offset = 0
+            self._partial.clear()
+            self._overlong = False
+        self.size = size
+        self._read_to_end(self._fd)
+        self.up = True
+        if self._error is not None:
+            log.info("log %s is readable again", self.path)
+            self._error = None
+
+    def mark_down(self, exc: OSError) -> None:
+        self.up = False
+        message = f"{type(exc).__name__}: {exc.strerror or exc}"
+        if message != self._error:
+            log.warning("log %s of %s is not readable: %s", self.path, self.server, message)
+            self._error = message
+
+    def _switch(self, st: os.stat_result) -> None:
+        """Open the file now at `path`; the previous one (rotated away) is read to its end first."""
+        if self._fd is not None:
+            self._read_to_end(self._fd)
+            self._flush_partial()
+            os.close(self._fd)
+            self._fd = None
+        fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        self._fd, self._ident, self._offset = fd, (st.st_dev, st.st_ino), 0
+        self._partial.clear()
+        self._overlong = False
+        if self._recover:
+            self._recover = False
+            self._replay_tail(fd, os.fstat(fd).st_size)
+            self.last_growth = st.st_mtime
+            self.tracker.recovered(st.st_mtime)
+
+    def _replay_tail(self, fd: int, size: int) -> None:
+        """Exporter restarted over a running server: replay from the last launch marker, without events."""
+        floor = max(0, size - RECOVERY_BYTES)
+        start, end = floor, size
+        while end > floor:
+            begin = max(floor, end - CHUNK_BYTES)
+            window = os.pread(fd, end - begin + 4096, begin)  # overlap: a marker across two chunks
+            last = None
+            for last in self.tracker.matcher.launch.finditer(window):  # noqa: B007 - the last one is wanted
+                pass
+            if last is not None:
+                start = begin + max(window.rfind(b"\n", 0, last.start()), window.rfind(b"\r", 0, last.start())) + 1
+                break
+            end = begin
+        self._offset = start
+        while self._offset < size:
+            data = os.pread(fd, min(CHUNK_BYTES, size - self._offset), self._offset)
+            if not data:
+                break
+            self._offset += len(data)
+            self._consume(data, count=False)
+        self._flush_partial(count=False)
+
+    def _read_to_end(self, fd: int) -> None:
+        budget = READ_BUDGET_BYTES
+        while budget > 0:
+            try:
+                data = os.pread(fd, CHUNK_BYTES, self._offset)
+            except OSError as exc:
+                self.mark_down(exc)
+                return
+            if not data:
+                return
+            self._offset += len(data)
+            budget -= len(data)
+            self.read_bytes += len(data)
+            self.lines += data.count(b"\n")
+            self.last_growth = self._wall()
+            self._consume(data, count=True)
+
+    def _consume(self, data: bytes, count: bool) -> None:
+        """Hand complete lines (ended by \\n, or \\r for progress bars) to the tracker; keep the rest."""
+        cut = max(data.rfind(b"\n"), data.rfind(b"\r"))
+        if cut < 0:
+            self._keep(data)
+            return
+        head = bytes(self._partial) + data[: cut + 1] if self._partial else data[: cut + 1]
+        self._partial.clear()
+        self._overlong = False
+        self.tracker.feed(head, count_events=count)
+        self._keep(data[cut + 1 :])
+
+    def _keep(self, rest: bytes) -> None:
+        room = MAX_PARTIAL_BYTES - len(self._partial)
+        if len(rest) > room:
+            if not self._overlong:
+                log.debug("log %s: a line longer than %d bytes; matching its start only", self.path, room)
+            self._overlong = True
+            rest = rest[: max(room, 0)]
+        self._partial += rest
+
+    def _flush_partial(self, count: bool = True) -> None:
+        if self._partial:
+            self.tracker.feed(bytes(self._partial) + b"\n", count_events=count)
+            self._partial.clear()
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+class _Wake(FileSystemEventHandler):
+    def __init__(self, event: threading.Event) -> None:
+        self.event = event
+
+    def on_any_event(self, event: FileSystemEvent) -> None:
+        self.event.set()
+
+
+class LogManager:
+    """Follows every watched server's log files from one thread, woken by inotify or the poll interval."""
+
+    def __init__(self, watcher: Watcher, poll_interval: float, wall: Callable[[], float] = time.time) -> None:
+        self.watcher = watcher
+        self.poll_interval = poll_interval
+        self._wall = wall
+        self._lock = threading.Lock()
+        self._files: dict[tuple[str, str], LogFile] = {}
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._observer: Observer | None = None
+        self._watched: dict[str, object] = {}
+
+    def stats(self) -> list[LogStats]:
+        with self._lock:
+            return [f.stats() for f in self._files.values()]
+
+    def poll(self) -> None:
+        wanted = {(s.name, path): s for s in self.watcher.servers() for path in _expand(s)}
+        with self._lock:
+            for key in set(self._files) - set(wanted):
+                self._files.pop(key).close()
+            for key, server in wanted.items():
+                if key not in self._files:
+                    self._files[key] = LogFile(server.name, key[1], server.tracker, self._wall,
+                                               recover=os.path.exists(key[1]))
+            files = list(self._files.values())
+        for f in files:
+            try:
+                f.poll()
+            except OSError as exc:
+                f.mark_down(exc)
+        self._watch({os.path.dirname(os.path.abspath(p)) for _, p in wanted}
+                    | {os.path.dirname(os.path.abspath(p)) for s in self.watcher.servers() for p in s.log_paths})
+
+    def _watch(self, directories: set[str]) -> None:
+        if self._observer is None:
+            return
+        for directory in directories - set(self._watched):
+            try:
+                self._watched[directory] = self._observer.schedule(_Wake(self._wake), directory, recursive=False)
+            except OSError as exc:  # missing directory or inotify limits: polling still covers it
+                log.debug("no inotify watch on %s: %s", directory, exc)
+                self._watched[directory] = None
+        for directory in set(self._watched) - directories:
+            watch = self._watched.pop(directory)
+            if watch is not None:
+                self._observer.unschedule(watch)
+
+    def start(self) -> None:
+        try:
+            observer = Observer()
+            observer.daemon = True
+            observer.start()
+            self._observer = observer
+        except OSError as exc:
+            log.warning("inotify unavailable (%s); polling logs every %.1fs", exc, self.poll_interval)
+        threading.Thread(target=self._loop, name="logs", daemon=True).start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._observer is not None:
+            self._observer.stop()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.poll()
+            except Exception:
+                log.exception("log follower failed")
+            self._wake.wait(self.poll_interval)
+            self._wake.clear()
+            time.sleep(MIN_POLL_GAP)  # coalesce bursts of inotify events into one read
+
+
+def _expand(server: Server) -> list[str]:
+    paths: list[str] = []
+    for pattern in server.log_paths:
+        matches = sorted(glob.glob(pattern)) if glob.has_magic(pattern) else [pattern]
+        paths += [p for p in matches if p not in paths]
+    return paths
