@@ -5,9 +5,11 @@ so network filesystems without events still work."""
 
 from __future__ import annotations
 
+import errno
 import glob
 import logging
 import os
+import stat
 import threading
 import time
 from collections.abc import Callable
@@ -41,9 +43,10 @@ class LogStats:
 
 class LogFile:
     def __init__(self, server: str, path: str, tracker: PhaseTracker, wall: Callable[[], float] = time.time,
-                 recover: bool = True) -> None:
+                 recover: bool = True, recover_events: bool = False) -> None:
         self.server, self.path, self.tracker, self._wall = server, path, tracker, wall
         self._recover = recover
+        self._recover_events = recover_events
         self._fd: int | None = None
         self._ident: tuple[int, int] | None = None
         self._offset = 0
@@ -67,6 +70,9 @@ class LogFile:
             if self._fd is not None:
                 self._read_to_end(self._fd)  # deleted, but the writer may still hold it open
             return
+        if not stat.S_ISREG(st.st_mode):  # a FIFO would block the follower, a directory cannot be read
+            self.mark_down(OSError(errno.EINVAL, "not a regular file"))
+            return
         if (st.st_dev, st.st_ino) != self._ident:
             self._switch(st)
         assert self._fd is not None
@@ -76,7 +82,8 @@ class LogFile:
             self._partial.clear()
             self._overlong = False
         self.size = size
-        self._read_to_end(self._fd)
+        if not self._read_to_end(self._fd):
+            return
         self.up = True
         if self._error is not None:
             log.info("log %s is readable again", self.path)
@@ -107,7 +114,8 @@ class LogFile:
             self.tracker.recovered(st.st_mtime)
 
     def _replay_tail(self, fd: int, size: int) -> None:
-        """Exporter restarted over a running server: replay from the last launch marker, without events."""
+        """Replay an existing file from its last launch marker. Its events count only when the server was
+        launched after the exporter started (found by discovery a little late); otherwise they are old news."""
         floor = max(0, size - RECOVERY_BYTES)
         start, end = floor, size
         while end > floor:
@@ -126,25 +134,26 @@ class LogFile:
             if not data:
                 break
             self._offset += len(data)
-            self._consume(data, count=False)
-        self._flush_partial(count=False)
+            self._consume(data, count=self._recover_events)
+        self._flush_partial(count=self._recover_events)
 
-    def _read_to_end(self, fd: int) -> None:
+    def _read_to_end(self, fd: int) -> bool:
         budget = READ_BUDGET_BYTES
         while budget > 0:
             try:
                 data = os.pread(fd, CHUNK_BYTES, self._offset)
             except OSError as exc:
                 self.mark_down(exc)
-                return
+                return False
             if not data:
-                return
+                return True
             self._offset += len(data)
             budget -= len(data)
             self.read_bytes += len(data)
             self.lines += data.count(b"\n")
             self.last_growth = self._wall()
             self._consume(data, count=True)
+        return True
 
     def _consume(self, data: bytes, count: bool) -> None:
         """Hand complete lines (ended by \\n, or \\r for progress bars) to the tracker; keep the rest."""
@@ -195,6 +204,7 @@ class LogManager:
         self._wall = wall
         self._lock = threading.Lock()
         self._files: dict[tuple[str, str], LogFile] = {}
+        self._started = wall()
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._observer: Observer | None = None
@@ -211,8 +221,10 @@ class LogManager:
                 self._files.pop(key).close()
             for key, server in wanted.items():
                 if key not in self._files:
+                    # psutil's create_time rests on a boot time in whole seconds: allow for that.
+                    launched_since = server.main_key is not None and server.main_key[1] >= self._started - 2.0
                     self._files[key] = LogFile(server.name, key[1], server.tracker, self._wall,
-                                               recover=os.path.exists(key[1]))
+                                               recover=os.path.exists(key[1]), recover_events=launched_since)
             files = list(self._files.values())
         for f in files:
             try:

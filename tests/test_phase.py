@@ -1,0 +1,194 @@
+"""Startup phases and events from the engines' real log lines (tests/transcripts.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+import transcripts as t
+from stallwatch.engines import ENGINES, rule
+from stallwatch.phase import PhaseTracker, required_literals
+
+
+def phases(engine: str, text: str, tracker: PhaseTracker | None = None) -> list[str]:
+    """The phase sequence, feeding one line (or one tqdm update) at a time."""
+    tracker = tracker or PhaseTracker(ENGINES[engine])
+    seen: list[str] = []
+    for line in text.encode().splitlines(keepends=True):
+        for part in line.split(b"\r"):
+            tracker.feed(part + b"\n")
+            phase = tracker.snapshot()[0]
+            if not seen or seen[-1] != phase:
+                seen.append(phase)
+    return seen[1:] if seen[0] == "stopped" else seen
+
+
+def run(engine: str, text: str) -> PhaseTracker:
+    tracker = PhaseTracker(ENGINES[engine])
+    tracker.feed(text.encode())
+    return tracker
+
+
+def test_sglang_eagle3_healthy_startup() -> None:
+    assert phases("sglang", t.sglang_healthy()) == [
+        "launching", "loading_weights", "allocating_memory", "capturing_graphs",
+        "loading_weights", "allocating_memory", "capturing_graphs",  # the EAGLE3 draft model and its graphs
+        "warming_up", "serving",
+    ]
+
+
+def test_sglang_stall_after_last_shard() -> None:
+    tracker = run("sglang", t.sglang_until_shards(tp=8, shards=64))
+    phase, _, loaded, total, events = tracker.snapshot()
+    assert (phase, loaded, total) == ("loading_weights", 64, 64)
+    assert sum(events.values()) == 0
+
+
+def test_sglang_shard_progress_is_followed() -> None:
+    tracker = PhaseTracker(ENGINES["sglang"])
+    text = t.sglang_until_shards(tp=2, shards=8).encode()
+    cut = text.index(b"| 4/8") + 10
+    tracker.feed(text[: text.rfind(b"\r", 0, cut)])
+    assert tracker.snapshot()[2:4] == (3, 8)
+
+
+def test_sglang_older_wording() -> None:
+    text = ("[2025-01-23 19:30:01 TP0] Init torch distributed begin.\n"
+            "[2025-01-23 19:30:05 TP0] Load weight begin. avail mem=78.50 GB\n"
+            "[2025-01-23 19:31:05 TP0] Load weight end. type=Qwen2ForCausalLM, dtype=torch.bfloat16, "
+            "avail mem=24.71 GB, mem usage=14.00 GB.\n"
+            "[2025-01-23 19:31:06 TP0] KV Cache is allocated. #tokens: 10240, K size: 0.47 GB, V size: 0.47 GB\n"
+            "[2025-01-23 19:31:06 TP0] Capture cuda graph begin. This can take up to several minutes. "
+            "avail mem=2.98 GB\n"
+            "[2025-01-23 19:31:08 TP0] Capture cuda graph end. Time elapsed: 1.24 s. mem usage=0.09 GB.\n"
+            "[2025-01-23 19:35:27] INFO:     Started server process [889167]\n"
+            "[2025-01-23 19:35:30] The server is fired up and ready to roll!\n"
+            "[2025-01-23 19:36:30 TP0] Decode batch. #running-req: 1, #token: 92, token usage: 0.00\n")
+    assert phases("sglang", text) == ["launching", "loading_weights", "allocating_memory", "capturing_graphs",
+                                      "warming_up", "serving"]
+
+
+def test_sglang_crash_during_graph_capture() -> None:
+    tracker = run("sglang", t.sglang_graph_crash())
+    phase, _, _, _, events = tracker.snapshot()
+    assert phase == "failed"
+    assert events["fatal"] == 3  # scheduler exception, capture failure, the launcher's sigquit notice
+    assert events["oom"] == 1
+    tracker.process_gone()
+    assert tracker.snapshot()[0] == "failed"
+
+
+def test_sglang_nccl_watchdog_timeout() -> None:
+    tracker = run("sglang", t.sglang_nccl_timeout())
+    phase, _, _, _, events = tracker.snapshot()
+    assert phase == "serving"
+    assert events["nccl_timeout"] == 2 and events["fatal"] == 1
+    tracker.process_gone()  # the C++ abort took the process down
+    assert tracker.snapshot()[0] == "failed"
+
+
+def test_sglang_serving_then_idle_stays_serving() -> None:
+    tracker = run("sglang", t.sglang_healthy() + "".join(t.sglang_decode(100)))
+    assert tracker.snapshot()[0] == "serving"
+    tracker.feed(b"[2026-11-20 09:20:57] Load weight begin. avail mem=1.00 GB\n")  # e.g. a weight update
+    assert tracker.snapshot()[0] == "serving"
+
+
+def test_relaunch_in_same_log_counts_restart_and_resets_shards() -> None:
+    tracker = run("sglang", t.sglang_graph_crash(tp=2) + t.sglang_until_shards(tp=2, shards=4)[:400])
+    phase, _, loaded, _, events = tracker.snapshot()
+    assert phase in ("launching", "loading_weights") and loaded is None
+    assert events["server_restart"] == 1
+
+
+def test_vllm_0_33_healthy_startup() -> None:
+    assert phases("vllm", t.vllm_healthy()) == [
+        "launching", "loading_weights", "allocating_memory", "capturing_graphs", "allocating_memory",
+        "capturing_graphs", "warming_up", "serving",
+    ]
+    assert run("vllm", t.vllm_healthy()).snapshot()[2:4] == (30, 30)
+
+
+def test_vllm_shared_memory_stall_warning_repeats() -> None:
+    tracker = run("vllm", t.vllm_shm_stall(repeats=3))
+    assert tracker.snapshot()[0] == "serving"
+    assert tracker.snapshot()[4]["stall_warning"] == 3
+
+
+def test_vllm_0_11_prefix_with_ansi_colours() -> None:
+    assert phases("vllm", t.vllm_0_11_ansi()) == ["launching", "loading_weights", "allocating_memory"]
+
+
+def test_vllm_v0_format() -> None:
+    assert phases("vllm", t.vllm_v0()) == ["launching", "loading_weights", "allocating_memory",
+                                           "capturing_graphs"]
+
+
+def test_vllm_engine_core_failure() -> None:
+    text = t.vllm_healthy()[:2000] + (
+        "(EngineCore pid=525790) ERROR 11-20 09:00:30 [core.py:1584] EngineCore failed to start.\n"
+        "(EngineCore pid=525790) ERROR 11-20 09:00:30 [core.py:1584] Traceback (most recent call last):\n"
+        "(EngineCore pid=525790) ERROR 11-20 09:00:30 [core.py:1584] torch.OutOfMemoryError: CUDA out of memory.\n")
+    tracker = run("vllm", text)
+    phase, _, _, _, events = tracker.snapshot()
+    assert phase == "failed" and events["fatal"] == 2 and events["oom"] == 1
+
+
+def test_tgi_startup_and_shard_crash() -> None:
+    assert phases("tgi", t.tgi_healthy()) == ["launching", "loading_weights", "warming_up", "capturing_graphs",
+                                              "warming_up", "serving"]
+    tracker = run("tgi", t.tgi_shard_crash())
+    assert tracker.snapshot()[0] == "failed" and tracker.snapshot()[4]["fatal"] == 2
+
+
+def test_llamacpp_startup_and_load_error() -> None:
+    assert phases("llamacpp", t.llamacpp_healthy()) == ["launching", "loading_weights", "allocating_memory",
+                                                        "warming_up", "serving"]
+    assert run("llamacpp", t.llamacpp_load_error()).snapshot()[0] == "failed"
+
+
+def test_generic_engine_rules_from_config() -> None:
+    engine = ENGINES["generic"].with_rules([rule("booting my-server", phase="launching"),
+                                            rule("weights ready", phase="warming_up"),
+                                            rule("accepting requests", phase="serving"),
+                                            rule("PANIC:", event="fatal")])
+    tracker = PhaseTracker(engine)
+    tracker.feed(b"booting my-server v2\nweights ready\naccepting requests\nPANIC: disk full\n")
+    assert tracker.snapshot()[0] == "serving" and tracker.snapshot()[4]["fatal"] == 1
+
+
+def test_probe_success_means_serving_and_process_gone_means_stopped() -> None:
+    clock = iter(range(100, 200))
+    tracker = PhaseTracker(ENGINES["llamacpp"], wall=lambda: float(next(clock)))
+    tracker.process_started(create_time=99.0)
+    assert tracker.snapshot()[0] == "launching"
+    tracker.probe_succeeded(at=50.0)  # older than the launch: does not count
+    assert tracker.snapshot()[0] == "launching"
+    tracker.probe_succeeded(at=150.0)
+    assert tracker.snapshot()[0] == "serving"
+    tracker.process_gone()
+    assert tracker.snapshot()[0] == "stopped"
+    tracker.process_started(create_time=170.0)
+    assert tracker.snapshot()[0] == "launching" and tracker.snapshot()[4]["server_restart"] == 1
+
+
+def test_events_counted_once_per_line() -> None:
+    tracker = run("sglang", "[2026-11-20 09:19:52 TP3] Scheduler hit an exception: Traceback (most recent "
+                  "call last): Traceback (most recent call last)\n")
+    assert tracker.snapshot()[4]["fatal"] == 1
+
+
+@pytest.mark.parametrize(("pattern", "literals"), [
+    (rb"Load weight begin\.", [b"Load weight begin."]),
+    (rb"Shard \d+ crashed|Webserver Crashed", [b"Shard ", b"Webserver Crashed"]),
+    (rb"crashed with exit code -?\d+\. Triggering SIGQUIT", [b"Triggering SIGQUIT"]),
+    (rb"^\d+ \w+", None),
+])
+def test_prefilter_literals(pattern: bytes, literals: list[bytes] | None) -> None:
+    assert required_literals(pattern) == literals
+
+
+def test_rule_without_literal_still_matches() -> None:
+    engine = ENGINES["generic"].with_rules([rule(r"^\d{3} ready$", phase="serving")])
+    tracker = PhaseTracker(engine)
+    tracker.feed(b"noise\n200 ready\n")
+    assert tracker.snapshot()[0] == "serving"
