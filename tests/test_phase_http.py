@@ -67,7 +67,8 @@ def test_crash_during_graph_capture_is_failed(exporter, engine) -> None:
 
 def test_probe_success_means_serving_without_a_readable_log(exporter, engine, tmp_path: Path) -> None:
     sim = engine("vllm", t.vllm_healthy()[:500], final="serve", tp=1)
-    e = exporter(config=f"servers:\n  - name: blind\n    engine: vllm\n    match: {{cmdline: 'api_server.*{sim.port}'}}\n"
+    e = exporter(config=f"servers:\n  - name: blind\n    engine: vllm\n"
+                        f"    match: {{cmdline: 'api_server.*{sim.port}'}}\n"
                         f"    logs: ['{tmp_path}/missing.log']\n"
                         f"    probes: [{{url: 'http://127.0.0.1:{sim.port}/health', interval: 1s}}]\n")
     scrape = e.wait_for(lambda s: phase_of(s, "blind") == "serving" and s, what="serving from the probe")
