@@ -54,3 +54,13 @@ def test_alert_style() -> None:
             assert "$labels.server" in notes["description"], name
         assert notes["runbook_url"].endswith("docs/runbook.md#" + name.lower()), name
         assert name in anchors, f"no runbook section for {name}"
+
+
+def test_example_prometheus_and_alertmanager_configs() -> None:
+    deploy = ROOT / "deploy" / "prometheus"
+    result = subprocess.run([require("promtool"), "check", "config", str(deploy / "prometheus.yml")],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    result = subprocess.run([require("amtool"), "check-config", str(deploy / "alertmanager.yml")],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr

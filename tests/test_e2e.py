@@ -1,0 +1,171 @@
+"""End to end: simulated engines -> stallwatch (fake NVML) -> real Prometheus (shipped rules) -> real
+Alertmanager -> a webhook in this test. The seed stall pages, a healthy idle server stays silent, and the
+page resolves once the stalled server is restarted and serves."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import threading
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import psutil
+import pytest
+import yaml
+
+import transcripts as t
+from conftest import require
+from harness import ROOT, Engine, free_port, gpus, poll
+
+pytestmark = pytest.mark.e2e
+
+
+class Webhook:
+    def __init__(self) -> None:
+        self.alerts: list[dict] = []
+        received = self.alerts
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                received.extend(body["alerts"])
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/alerts"
+
+    def find(self, alertname: str, server: str, status: str) -> dict | None:
+        return next((a for a in list(self.alerts) if a["labels"].get("alertname") == alertname
+                     and a["labels"].get("server") == server and a["status"] == status), None)
+
+
+class Daemon:
+    def __init__(self, cmd: list[str], log: Path, ready_url: str) -> None:
+        with open(log, "wb") as out:
+            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+        self.log = log
+
+        def ready() -> bool:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{cmd[0]} exited: {log.read_text()[-3000:]}")
+            return urllib.request.urlopen(ready_url, timeout=2).status == 200
+
+        poll(ready, timeout=30, what=f"{cmd[0]} to be ready")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+@pytest.fixture
+def daemons() -> Iterator[list[Daemon]]:
+    started: list[Daemon] = []
+    yield started
+    for d in reversed(started):
+        d.stop()
+
+
+def shortened_rules(path: Path) -> None:
+    """The shipped rules with every `for:` cut to 2 s, so the test runs in seconds, not minutes."""
+    rules = yaml.safe_load((ROOT / "rules" / "stallwatch.rules.yml").read_text())
+    for group in rules["groups"]:
+        for rule in group["rules"]:
+            if "for" in rule:
+                rule["for"] = "2s"
+    path.write_text(yaml.safe_dump(rules, sort_keys=False))
+
+
+def test_stall_pages_idle_server_does_not_and_restart_resolves(
+    exporter, engine, daemons: list[Daemon], tmp_path: Path
+) -> None:
+    prometheus, alertmanager = require("prometheus"), require("prometheus-alertmanager")
+    started = time.monotonic()
+    hook = Webhook()
+
+    am_port = free_port()
+    am_config = tmp_path / "alertmanager.yml"
+    am_config.write_text(yaml.safe_dump({
+        "route": {"receiver": "hook", "group_by": ["alertname", "server"], "group_wait": "1s",
+                  "group_interval": "1s", "repeat_interval": "1h"},
+        "receivers": [{"name": "hook", "webhook_configs": [{"url": hook.url, "send_resolved": True}]}],
+    }))
+    daemons.append(Daemon([alertmanager, f"--config.file={am_config}", f"--storage.path={tmp_path / 'am'}",
+                           f"--web.listen-address=127.0.0.1:{am_port}", "--cluster.listen-address="],
+                          tmp_path / "alertmanager.log", f"http://127.0.0.1:{am_port}/-/ready"))
+
+    stalled = engine("sglang", t.sglang_until_shards(tp=8, shards=64), final="stall", tp=8)
+    idle = engine("vllm", t.vllm_healthy(tp=1), final="serve", tp=1)
+    nvml = gpus(10, used=76e9, util=0)
+    e = exporter(nvml={"gpus": nvml}, config=(
+        "discovery: {enabled: true, interval: 1s}\n"
+        "defaults:\n  stall: {gpu_memory_bytes: 70e9, log_stale: 3s}\n  probe: {timeout: 1s, interval: 1s}\n"
+        "logs: {poll_interval: 0.5s}\n"))
+
+    def pids_with_titles(sim: Engine, prefix: str, count: int) -> list[int]:
+        found = {p.cmdline()[0]: p.pid for p in psutil.Process(sim.proc.pid).children(recursive=True)
+                 if p.cmdline() and p.cmdline()[0].startswith(prefix)}
+        return [found[k] for k in sorted(found, key=lambda k: int(re.sub(r"\D", "", k) or 0))] \
+            if len(found) == count else []
+
+    tp = poll(lambda: pids_with_titles(stalled, "sglang::scheduler_TP", 8), timeout=30, what="8 schedulers")
+    core = poll(lambda: pids_with_titles(idle, "VLLM::EngineCore", 1), timeout=30, what="EngineCore")
+    for gpu, pid in enumerate(tp + core + core):  # TP ranks on GPUs 0-7, the idle server on 8 and 9
+        nvml[gpu]["processes"] = [{"pid": pid, "used": 75e9}]
+    e.nvml.update(gpus=nvml)
+
+    prom_port = free_port()
+    rules = tmp_path / "rules.yml"
+    shortened_rules(rules)
+    prom_config = tmp_path / "prometheus.yml"
+    prom_config.write_text(yaml.safe_dump({
+        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+        "rule_files": [str(rules)],
+        "alerting": {"alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{am_port}"]}]}]},
+        "scrape_configs": [{"job_name": "stallwatch", "static_configs": [{"targets": [f"127.0.0.1:{e.port}"]}]}],
+    }))
+    daemons.append(Daemon([prometheus, f"--config.file={prom_config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                           f"--web.listen-address=127.0.0.1:{prom_port}"],
+                          tmp_path / "prometheus.log", f"http://127.0.0.1:{prom_port}/-/ready"))
+
+    page = poll(lambda: hook.find("InferenceServerLoadedButIdle", stalled.name, "firing"), timeout=90,
+                interval=0.5, what="the page at the webhook")
+    assert page["labels"]["severity"] == "critical"
+    assert page["labels"]["instance"] == f"127.0.0.1:{e.port}"
+    notes = page["annotations"]
+    assert notes["summary"] and notes["runbook_url"].endswith("#inferenceserverloadedbutidle")
+    assert f"{stalled.name} on 127.0.0.1:{e.port} holds 69.85GiB" in notes["description"]
+    assert "phase loading_weights, health probe failing" in notes["description"]
+
+    def alerts_for(server: str) -> list[dict]:
+        query = urllib.parse.quote(f'ALERTS{{server="{server}"}}')
+        with urllib.request.urlopen(f"http://127.0.0.1:{prom_port}/api/v1/query?query={query}") as r:
+            return json.load(r)["data"]["result"]
+
+    # The healthy server without traffic: GPU full, idle, log silent, probe OK, serving: nothing at all.
+    assert alerts_for(idle.name) == []
+    assert not [a for a in hook.alerts if a["labels"].get("server") == idle.name]
+
+    # Restart the stalled server; it comes up and serves: the page resolves.
+    stalled.stop()
+    restarted = engine("sglang", t.sglang_healthy(tp=2), final="serve", tp=2, port=stalled.port,
+                       log_name="restarted.log")
+    assert restarted.name == stalled.name
+    poll(lambda: hook.find("InferenceServerLoadedButIdle", stalled.name, "resolved"), timeout=60, interval=0.5,
+         what="the page to resolve")
+    assert alerts_for(idle.name) == []
+    assert not [a for a in hook.alerts if a["labels"].get("server") == idle.name]
+    assert time.monotonic() - started < 180
