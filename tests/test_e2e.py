@@ -22,6 +22,7 @@ import yaml
 import transcripts as t
 from conftest import require
 from harness import ROOT, Engine, free_port, gpus, poll
+from test_dashboard import queries as dashboard_queries
 
 pytestmark = pytest.mark.e2e
 
@@ -150,10 +151,17 @@ def test_stall_pages_idle_server_does_not_and_restart_resolves(
     assert f"{stalled.name} on 127.0.0.1:{e.port} holds 69.85GiB" in notes["description"]
     assert "phase loading_weights, health probe failing" in notes["description"]
 
-    def alerts_for(server: str) -> list[dict]:
-        query = urllib.parse.quote(f'ALERTS{{server="{server}"}}')
-        with urllib.request.urlopen(f"http://127.0.0.1:{prom_port}/api/v1/query?query={query}") as r:
+    def query(expr: str) -> list[dict]:
+        with urllib.request.urlopen(f"http://127.0.0.1:{prom_port}/api/v1/query?query="
+                                    + urllib.parse.quote(expr)) as r:
             return json.load(r)["data"]["result"]
+
+    def alerts_for(server: str) -> list[dict]:
+        return query(f'ALERTS{{server="{server}"}}')
+
+    # Every dashboard panel shows data for the stall (no empty panel during an incident).
+    empty = [title for title, expr in dashboard_queries() if not query(expr)]
+    assert empty == [], f"dashboard panels without data: {empty}"
 
     # The healthy server without traffic: GPU full, idle, log silent, probe OK, serving: nothing at all.
     assert alerts_for(idle.name) == []

@@ -1,0 +1,134 @@
+"""Builds grafana/stallwatch.json, the incident dashboard (run after editing; a test checks they match).
+
+    .venv/bin/python grafana/dashboard.py
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+PHASES = ["stopped", "launching", "loading_weights", "allocating_memory", "capturing_graphs", "warming_up",
+          "serving", "failed"]
+PHASE_COLOURS = ["text", "blue", "purple", "orange", "yellow", "light-green", "green", "red"]
+SEL = 'instance=~"$instance", server=~"$server"'
+INST = 'instance=~"$instance"'
+DS = {"type": "prometheus", "uid": "${datasource}"}
+
+# One number per phase so a state timeline shows one row per server.
+PHASE_INDEX = "max by (instance, server) (\n" + "\n  or ".join(
+    f'(stallwatch_startup_phase{{{SEL}, phase="{p}"}} == 1) * {i}' for i, p in enumerate(PHASES)) + "\n)"
+
+
+def target(expr: str, legend: str, ref: str = "A", instant: bool = False) -> dict[str, Any]:
+    out = {"datasource": DS, "expr": expr, "legendFormat": legend, "refId": ref}
+    if instant:
+        out.update({"instant": True, "range": False, "format": "table"})
+    return out
+
+
+def panel(title: str, kind: str, x: int, y: int, w: int, h: int, targets: list[dict[str, Any]],
+          unit: str | None = None, description: str = "", **extra: Any) -> dict[str, Any]:
+    defaults: dict[str, Any] = {"unit": unit} if unit else {}
+    return {"type": kind, "title": title, "description": description, "datasource": DS,
+            "gridPos": {"x": x, "y": y, "w": w, "h": h}, "targets": targets,
+            "fieldConfig": {"defaults": defaults, "overrides": []}, **extra}
+
+
+def panels() -> list[dict[str, Any]]:
+    phase_mappings = [{"type": "value", "options": {
+        str(i): {"text": p, "color": PHASE_COLOURS[i], "index": i} for i, p in enumerate(PHASES)}}]
+    timeline = panel("Startup phase", "state-timeline", 0, 0, 24, 6, [target(PHASE_INDEX, "{{server}}")],
+                     description="Where each server is in its startup; a silent stall stays in one phase.",
+                     options={"showValue": "auto", "mergeValues": True})
+    timeline["fieldConfig"]["defaults"].update({"mappings": phase_mappings, "color": {"mode": "thresholds"}})
+    return [
+        timeline,
+        panel("Firing stallwatch alerts", "table", 0, 6, 24, 5, [target(
+            f'ALERTS{{alertstate="firing", alertname=~"InferenceServer.*|Stallwatch.*", {INST}}}', "",
+            instant=True)], description="Alerts from rules/stallwatch.rules.yml firing now."),
+        panel("GPU memory held by the server", "timeseries", 0, 11, 12, 8, [
+            target(f"stallwatch_server_gpu_memory_used_bytes{{{SEL}}}", "{{server}} GPU {{gpu}}"),
+            target(f"max by (instance) (stallwatch_gpu_memory_total_bytes{{{INST}}})", "GPU total", "B"),
+            target(f"stallwatch_stall_gpu_memory_threshold_bytes{{{SEL}}}", "{{server}} threshold", "C"),
+        ], unit="bytes", description="Memory of the server's processes per GPU, against GPU total and the "
+                                     "stall threshold."),
+        panel("GPU utilization and busy rate", "timeseries", 12, 11, 12, 8, [
+            target(f"stallwatch_gpu_utilization_ratio{{{INST}}}", "util GPU {{gpu}}"),
+            target(f"rate(stallwatch_gpu_busy_seconds_total{{{INST}}}[$__rate_interval])", "busy GPU {{gpu}}",
+                   "B"),
+        ], unit="percentunit", description="NVML's last sample, and busy seconds per second over the interval."),
+        panel("CPU by process role", "timeseries", 0, 19, 12, 8, [target(
+            f"sum by (server, process) (rate(stallwatch_process_cpu_seconds_total{{{SEL}}}[$__rate_interval]))",
+            "{{server}} {{process}}")], unit="percentunit",
+              description="Cores used per role (main, scheduler_TP*, Worker_TP*...). A stalled scheduler is at 0."),
+        panel("Processes by state", "timeseries", 12, 19, 12, 8, [target(
+            f"stallwatch_server_processes{{{SEL}}} > 0", "{{server}} {{state}}")],
+              description="R running, S sleeping, D uninterruptible, Z zombie, T stopped."),
+        panel("Log last-line age", "timeseries", 0, 27, 12, 8, [
+            target(f"stallwatch_log_last_line_age_seconds{{{SEL}}}", "{{server}} {{path}}"),
+            target(f"stallwatch_stall_log_stale_threshold_seconds{{{SEL}}}", "{{server}} threshold", "B"),
+        ], unit="s", description="Seconds since each log grew, against the stale threshold."),
+        panel("Weight shards", "timeseries", 12, 27, 12, 8, [
+            target(f"stallwatch_weight_shards_loaded{{{SEL}}}", "{{server}} loaded"),
+            target(f"stallwatch_weight_shards_expected{{{SEL}}}", "{{server}} expected", "B"),
+        ], description="Safetensors shards loaded in the current launch."),
+        panel("Health probe", "timeseries", 0, 35, 12, 8, [
+            target(f"stallwatch_probe_success{{{SEL}}}", "{{server}} {{url}}"),
+        ], description="1 when the last probe of the URL succeeded.", options={"legend": {"showLegend": True}}),
+        panel("Probe duration", "timeseries", 12, 35, 12, 8, [
+            target(f"stallwatch_probe_duration_seconds{{{SEL}}}", "{{server}} {{url}}"),
+        ], unit="s"),
+        panel("Log events (1h)", "timeseries", 0, 43, 12, 8, [target(
+            f"sum by (server, event) (increase(stallwatch_log_events_total{{{SEL}}}[1h]))", "{{server}} {{event}}")],
+              description="fatal, nccl_timeout, oom, stall_warning and server_restart lines in the last hour."),
+        panel("Exporter collectors", "timeseries", 12, 43, 12, 8, [
+            target(f"stallwatch_collector_success{{{INST}}}", "{{instance}} {{collector}}"),
+            target(f"stallwatch_nvml_up{{{INST}}}", "{{instance}} nvml", "B"),
+        ], description="1 when each collector succeeded; nvml 0 means no GPU metrics."),
+    ]
+
+
+def dashboard() -> dict[str, Any]:
+    items = panels()
+    for i, item in enumerate(items, start=1):
+        item["id"] = i
+    return {
+        "title": "stallwatch: LLM inference servers",
+        "uid": "stallwatch",
+        "tags": ["stallwatch", "llm", "gpu"],
+        "timezone": "",
+        "schemaVersion": 39,
+        "version": 1,
+        "editable": True,
+        "refresh": "30s",
+        "time": {"from": "now-6h", "to": "now"},
+        "annotations": {"list": []},
+        "templating": {"list": [
+            {"name": "datasource", "label": "Data source", "type": "datasource", "query": "prometheus",
+             "current": {}, "hide": 0},
+            {"name": "instance", "label": "Instance", "type": "query", "datasource": DS,
+             "query": {"query": "label_values(stallwatch_build_info, instance)", "refId": "instance"},
+             "definition": "label_values(stallwatch_build_info, instance)", "refresh": 2, "includeAll": True,
+             "multi": True, "allValue": ".*", "current": {}, "hide": 0},
+            {"name": "server", "label": "Server", "type": "query", "datasource": DS,
+             "query": {"query": 'label_values(stallwatch_server_up{instance=~"$instance"}, server)',
+                       "refId": "server"},
+             "definition": 'label_values(stallwatch_server_up{instance=~"$instance"}, server)', "refresh": 2,
+             "includeAll": True, "multi": True, "allValue": ".*", "current": {}, "hide": 0},
+        ]},
+        "panels": items,
+    }
+
+
+PATH = Path(__file__).with_name("stallwatch.json")
+
+
+def render() -> str:
+    return json.dumps(dashboard(), indent=2) + "\n"
+
+
+if __name__ == "__main__":
+    PATH.write_text(render())
+    print(f"wrote {PATH}")

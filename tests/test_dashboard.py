@@ -1,0 +1,56 @@
+"""The Grafana dashboard: in sync with its generator, importable as is, and every query valid PromQL."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from conftest import require
+from harness import ROOT
+
+DASHBOARD = ROOT / "grafana" / "stallwatch.json"
+
+
+def queries() -> list[tuple[str, str]]:
+    """(panel title, PromQL) for every target, with Grafana's variables filled in as Grafana would."""
+    out = []
+    for panel in json.loads(DASHBOARD.read_text())["panels"]:
+        for target in panel["targets"]:
+            expr = target["expr"].replace("$__rate_interval", "15s")
+            out.append((panel["title"], re.sub(r"\$(instance|server)\b", ".*", expr)))
+    return out
+
+
+def test_generated_json_is_current() -> None:
+    result = subprocess.run([sys.executable, "-c", "import sys; sys.path.insert(0, 'grafana'); "
+                             "import dashboard; print(dashboard.render(), end='')"],
+                            cwd=ROOT, capture_output=True, text=True, check=True)
+    assert result.stdout == DASHBOARD.read_text(), "run: python grafana/dashboard.py"
+
+
+def test_importable_as_is_with_datasource_variable() -> None:
+    board = json.loads(DASHBOARD.read_text())
+    variables = {v["name"]: v for v in board["templating"]["list"]}
+    assert variables["datasource"]["type"] == "datasource" and variables["datasource"]["query"] == "prometheus"
+    assert {"instance", "server"} <= set(variables)
+    assert board["schemaVersion"] >= 36 and board["uid"] == "stallwatch"
+    for panel in board["panels"]:
+        assert panel["datasource"] == {"type": "prometheus", "uid": "${datasource}"}, panel["title"]
+        assert all(t["datasource"]["uid"] == "${datasource}" for t in panel["targets"]), panel["title"]
+    assert "__inputs" not in board  # no import-time datasource prompts, no hard-coded UIDs
+    kinds = {p["type"] for p in board["panels"]}
+    assert {"state-timeline", "timeseries", "table"} <= kinds
+
+
+def test_every_query_parses(tmp_path: Path) -> None:
+    rules = {"groups": [{"name": "dashboard", "rules": [
+        {"record": f"dashboard:query_{i}", "expr": expr} for i, (_, expr) in enumerate(queries())]}]}
+    path = tmp_path / "queries.yml"
+    path.write_text(yaml.safe_dump(rules))
+    result = subprocess.run([require("promtool"), "check", "rules", str(path)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
