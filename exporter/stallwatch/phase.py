@@ -73,8 +73,8 @@ def required_literals(pattern: bytes) -> list[bytes] | None:
 
 
 def _longest_literal(items: list[tuple[object, object]]) -> bytes | None:
-    """The literal run to prefilter on. Runs are cut to begin at a capital letter where that leaves enough,
-    because the regex engine skips positions by first byte, and lower-case letters are everywhere."""
+    """The literal run to prefilter on. Runs are cut to begin at a capital letter or `_` where that leaves
+    enough, because the regex engine skips positions by first byte, and lower-case letters are everywhere."""
     runs, run = [], bytearray()
     for op, arg in [*items, (None, None)]:
         if op is _sre_constants.LITERAL:
@@ -83,7 +83,7 @@ def _longest_literal(items: list[tuple[object, object]]) -> bytes | None:
         if run:
             runs.append(bytes(run))
         run = bytearray()
-    capitalised = [r[m.start():] for r in runs if (m := re.search(rb"[A-Z]", r)) and len(r) - m.start() >= _MIN_LITERAL]
+    capitalised = [r[m.start():] for r in runs if (m := re.search(rb"[A-Z_]", r)) and len(r) - m.start() >= _MIN_LITERAL]
     candidates = capitalised or [r for r in runs if len(r) >= _MIN_LITERAL]
     return max(candidates, key=len) if candidates else None
 

@@ -44,7 +44,7 @@ def rule(regex: str, phase: str | None = None, event: str | None = None) -> Rule
 COMMON_RULES: tuple[Rule, ...] = (
     rule(r"Watchdog caught collective operation timeout", event="nccl_timeout"),
     rule(r"Heartbeat monitor timed out", event="nccl_timeout"),
-    rule(r"ProcessGroupNCCL's watchdog got stuck|watchdog got stuck for \d+ seconds", event="nccl_timeout"),
+    rule(r"ProcessGroupNCCL's watchdog got stuck|This typically indicates a NCCL/CUDA API", event="nccl_timeout"),
     rule(r"Exception \(either an error or timeout\) detected by watchdog", event="nccl_timeout"),
     rule(r"CUDA out of memory|OutOfMemoryError", event="oom"),
     rule(r"Traceback \(most recent call last\)", event="fatal"),

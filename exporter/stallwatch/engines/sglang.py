@@ -22,7 +22,7 @@ ENGINE = Engine(
         rule(r"The server is fired up and ready to roll!", phase="serving"),
         rule(r"\] (?:Prefill|Decode) batch[,.]", phase="serving"),
         rule(r"Scheduler hit an exception", phase="failed", event="fatal"),
-        rule(r"scheduler died during initialization|scheduler is dead\.", phase="failed", event="fatal"),
+        rule(r"Rank \d+ scheduler died during initialization|Rank \d+ scheduler is dead\.", phase="failed", event="fatal"),
         rule(r"Initialization failed\.", phase="failed", event="fatal"),
         rule(r"Capture cuda graph failed", phase="failed", event="fatal"),
         rule(r"crashed with exit code -?\d+\. Triggering SIGQUIT", phase="failed", event="fatal"),
