@@ -83,7 +83,8 @@ def _longest_literal(items: list[tuple[object, object]]) -> bytes | None:
         if run:
             runs.append(bytes(run))
         run = bytearray()
-    capitalised = [r[m.start():] for r in runs if (m := re.search(rb"[A-Z_]", r)) and len(r) - m.start() >= _MIN_LITERAL]
+    capitalised = [r[m.start():] for r in runs
+                   if (m := re.search(rb"[A-Z_]", r)) and len(r) - m.start() >= _MIN_LITERAL]
     candidates = capitalised or [r for r in runs if len(r) >= _MIN_LITERAL]
     return max(candidates, key=len) if candidates else None
 
