@@ -182,13 +182,16 @@ def test_events_counted_once_per_line() -> None:
     (rb"Shard \d+ crashed|Webserver Crashed", [b"Shard ", b"Webserver Crashed"]),
     (rb"crashed with exit code -?\d+\. Triggering SIGQUIT", [b"Triggering SIGQUIT"]),
     (rb"^\d+ \w+", None),
+    (rb"(?i)panic: out of disk", None),
 ])
 def test_prefilter_literals(pattern: bytes, literals: list[bytes] | None) -> None:
     assert required_literals(pattern) == literals
 
 
 def test_rule_without_literal_still_matches() -> None:
-    engine = ENGINES["generic"].with_rules([rule(r"^\d{3} ready$", phase="serving")])
+    engine = ENGINES["generic"].with_rules([rule(r"^\d{3} ready$", phase="serving"),
+                                            rule(r"(?i)panic:", event="fatal")])
     tracker = PhaseTracker(engine)
-    tracker.feed(b"noise\n200 ready\n")
+    tracker.feed(b"noise\n200 ready\nPanic: disk full\n")
     assert tracker.snapshot()[0] == "serving"
+    assert tracker.snapshot()[4]["fatal"] == 1

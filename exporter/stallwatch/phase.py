@@ -1,14 +1,21 @@
 """Startup phase and notable events of one server, driven by its log lines and by its process and probes.
 
-The engine's rules (regexes on bytes) are combined into one alternation and searched over whole blocks of
-lines, so the hot path stays in the regex engine. Once a server is serving, the rules that could only say
-"serving" again are dropped from the search: a busy server's `Decode batch` lines then cost one scan.
+The hot path stays in the regex engine: one prefilter regex (a trie of literals that every rule's match
+must contain) scans whole blocks of lines, and only the lines it hits are matched against the engine's
+rules. Once a server is serving, the rules that could only say "serving" again leave the prefilter: a busy
+server's `Decode batch` lines then cost one scan.
 """
 
 from __future__ import annotations
 
 import re
 import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from stallwatch.engines import EVENTS, Engine, Rule
 
 try:  # Python 3.11+
     import re._constants as _sre_constants
@@ -16,12 +23,6 @@ try:  # Python 3.11+
 except ImportError:  # pragma: no cover - Python 3.10
     import sre_constants as _sre_constants  # type: ignore[no-redef]
     import sre_parse as _sre_parse  # type: ignore[no-redef]
-import time
-from collections import Counter
-from collections.abc import Callable
-from dataclasses import dataclass
-
-from stallwatch.engines import EVENTS, Engine, Rule
 
 ANSI = re.compile(rb"\x1b\[[0-9;?]*[ -/]*[@-~]")
 _SHARDS = "shards"
@@ -46,20 +47,24 @@ def _compile(rules: list[Rule], shards: re.Pattern[bytes] | None) -> _Compiled:
         needed = required_literals(pattern)
         literals = None if literals is None or needed is None else literals | set(needed)
     by_group = {f"r{i}": r for i, r in enumerate(rules)}
-    prefilter = re.compile(_trie(sorted(literals))) if literals else None
-    if literals is not None and not literals:
-        prefilter = re.compile(b"(?!)")
+    prefilter = None if literals is None else re.compile(_trie(sorted(literals)) or b"(?!)")
     return _Compiled(prefilter, re.compile(b"|".join(parts) or b"(?!)", re.MULTILINE), by_group)
 
 
 def _strip_groups(pattern: bytes) -> bytes:
-    """Capturing groups of a rule become non-capturing inside the combined alternation."""
-    return re.sub(rb"(?<!\\)\((?!\?)", b"(?:", pattern)
+    """A rule as one branch of the combined alternation: its capturing groups become non-capturing, and
+    leading global flags such as `(?i)` become scoped ones, which is all Python allows mid-pattern."""
+    pattern = re.sub(rb"(?<!\\)\((?!\?)", b"(?:", pattern)
+    flags = re.match(rb"\(\?([imsx]+)\)", pattern)
+    return b"(?%s:%s)" % (flags.group(1), pattern[flags.end():]) if flags else pattern
 
 
 def required_literals(pattern: bytes) -> list[bytes] | None:
     """Literal strings one of which every match of `pattern` contains; None when there are none to use."""
-    parsed = list(_sre_parse.parse(pattern.decode("latin-1")))
+    tree = _sre_parse.parse(pattern.decode("latin-1"))
+    if tree.state.flags & re.IGNORECASE:
+        return None  # a literal would miss the other cases
+    parsed = list(tree)
     if len(parsed) == 1 and parsed[0][0] is _sre_constants.BRANCH:
         out: list[bytes] = []
         for branch in parsed[0][1][1]:
