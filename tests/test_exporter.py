@@ -16,6 +16,7 @@ import pytest
 
 from conftest import require
 from harness import GIB, Scrape, free_port, gpus
+from test_docs import documented
 
 
 def test_landing_page_health_and_404(exporter) -> None:
@@ -262,3 +263,6 @@ def test_promtool_check_metrics_on_live_scrape(exporter, engine, tmp_path: Path)
                                 url=f"http://127.0.0.1:{sim.port}/health") is not None and s)
     result = subprocess.run([promtool, "check", "metrics"], input=scrape.text, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
+    # What a live scrape emits is documented (the catalog test covers the converse).
+    emitted = {line.split()[2] for line in scrape.text.splitlines() if line.startswith("# TYPE ")}
+    assert emitted - documented() == set()
