@@ -2,8 +2,8 @@
 
 The hot path stays in the regex engine: one prefilter regex (a trie of literals that every rule's match
 must contain) scans whole blocks of lines, and only the lines it hits are matched against the engine's
-rules. Once a server is serving, the rules that could only say "serving" again leave the prefilter: a busy
-server's `Decode batch` lines then cost one scan.
+rules. Once a server is serving, only launch, failure and event rules stay in the prefilter: a busy server's
+`Decode batch` lines then cost one scan.
 """
 
 from __future__ import annotations
@@ -115,13 +115,14 @@ def _trie(words: list[bytes]) -> bytes:
 
 
 class Matcher:
-    """The compiled rules of one engine: all of them, and those still useful once serving."""
+    """The compiled rules of one engine: all of them, and those that still matter once serving."""
 
     def __init__(self, engine: Engine) -> None:
         rules = list(engine.all_rules())
         self.shards = engine.shards
         self.startup = _compile(rules, engine.shards)
-        self.serving = _compile([r for r in rules if r.phase not in (None, "serving") or r.event], None)
+        # Only a new launch or a failure leaves `serving`: other phase lines need not be looked at then.
+        self.serving = _compile([r for r in rules if r.phase in ("launching", "failed") or r.event], None)
         launch = [_strip_groups(r.pattern.pattern) for r in rules if r.phase == "launching"]
         self.launch = re.compile(b"|".join(launch) or b"(?!)", re.MULTILINE)
 
