@@ -14,6 +14,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from stallwatch.engines import EVENTS, Engine, Rule
 
@@ -133,6 +134,14 @@ def _line_end(block: bytes, start: int) -> int:
     return min(ends) if ends else len(block)
 
 
+class PhaseSnapshot(NamedTuple):
+    phase: str
+    since: float
+    shards_loaded: int | None
+    shards_expected: int | None
+    events: dict[str, int]
+
+
 class PhaseTracker:
     """Current phase, when it began, weight shard progress and event counts of one server."""
 
@@ -143,7 +152,7 @@ class PhaseTracker:
         self.phase = "stopped"
         self.since = wall()
         self.shards_loaded: int | None = None
-        self.shards_total: int | None = None
+        self.shards_expected: int | None = None
         self.events: Counter[str] = Counter({event: 0 for event in EVENTS})
         self.launches = 0
         self.last_launch = float("-inf")
@@ -189,7 +198,7 @@ class PhaseTracker:
     def _shards(self, text: bytes) -> None:
         found = self.matcher.shards.search(text) if self.matcher.shards else None
         if found:
-            self.shards_loaded, self.shards_total = int(found.group(1)), int(found.group(2))
+            self.shards_loaded, self.shards_expected = int(found.group(1)), int(found.group(2))
 
     def _line_phase(self, phase: str, count_events: bool) -> None:
         if phase == "launching":
@@ -205,7 +214,7 @@ class PhaseTracker:
         if self.launches > 1 and count_restart:
             self.events["server_restart"] += 1
         self.last_launch = self._wall()
-        self.shards_loaded = self.shards_total = None
+        self.shards_loaded = self.shards_expected = None
         self.fatal_in_launch = False
         self._enter("launching")
 
@@ -236,6 +245,6 @@ class PhaseTracker:
         with self._lock:
             self.since = min(self.since, since)
 
-    def snapshot(self) -> tuple[str, float, int | None, int | None, dict[str, int]]:
+    def snapshot(self) -> PhaseSnapshot:
         with self._lock:
-            return self.phase, self.since, self.shards_loaded, self.shards_total, dict(self.events)
+            return PhaseSnapshot(self.phase, self.since, self.shards_loaded, self.shards_expected, dict(self.events))

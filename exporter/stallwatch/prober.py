@@ -132,8 +132,3 @@ class ProbeManager:
                 out.append(ProbeState(loop.state.server, loop.state.url, loop.state.last,
                                       loop.state.last_success, Counter(loop.state.failures)))
         return out
-
-    def stop(self) -> None:
-        with self._lock:
-            for loop in self._loops.values():
-                loop.stop.set()

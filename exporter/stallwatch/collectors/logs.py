@@ -33,6 +33,6 @@ class LogsCollector:
                 age.add_metric(labels, max(0.0, now - stats.last_growth))
         events = family("log_events_total")
         for server in self.watcher.servers():
-            for event, count in sorted(server.tracker.snapshot()[4].items()):
+            for event, count in sorted(server.tracker.snapshot().events.items()):
                 events.add_metric([server.name, event], float(count))
         yield from (up, size, read, lines, last, age, events)

@@ -18,7 +18,7 @@ class PhaseCollector:
 
     def collect(self) -> Iterator[Metric]:
         phase_family, since_family = family("startup_phase"), family("startup_phase_start_timestamp_seconds")
-        loaded, total = family("weight_shards_loaded"), family("weight_shards_expected")
+        loaded, expected = family("weight_shards_loaded"), family("weight_shards_expected")
         last_success: dict[str, float] = {}
         for state in self.probes.states() if self.probes is not None else []:
             if state.last_success is not None:
@@ -29,11 +29,11 @@ class PhaseCollector:
                 tracker.process_gone()
             elif server.name in last_success:
                 tracker.probe_succeeded(last_success[server.name])
-            phase, since, shards_loaded, shards_total, _ = tracker.snapshot()
+            now = tracker.snapshot()
             for name in PHASES:
-                phase_family.add_metric([server.name, name], 1.0 if name == phase else 0.0)
-            since_family.add_metric([server.name], since)
-            if shards_total is not None:
-                loaded.add_metric([server.name], float(shards_loaded or 0))
-                total.add_metric([server.name], float(shards_total))
-        yield from (phase_family, since_family, loaded, total)
+                phase_family.add_metric([server.name, name], 1.0 if name == now.phase else 0.0)
+            since_family.add_metric([server.name], now.since)
+            if now.shards_expected is not None:
+                loaded.add_metric([server.name], float(now.shards_loaded or 0))
+                expected.add_metric([server.name], float(now.shards_expected))
+        yield from (phase_family, since_family, loaded, expected)
