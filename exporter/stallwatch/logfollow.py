@@ -215,7 +215,8 @@ class LogManager:
             return [f.stats() for f in self._files.values()]
 
     def poll(self) -> None:
-        wanted = {(s.name, path): s for s in self.watcher.servers() for path in _expand(s)}
+        servers = self.watcher.servers()
+        wanted = {(s.name, path): s for s in servers for path in _expand(s)}
         with self._lock:
             for key in set(self._files) - set(wanted):
                 self._files.pop(key).close()
@@ -231,8 +232,9 @@ class LogManager:
                 f.poll()
             except OSError as exc:
                 f.mark_down(exc)
-        self._watch({os.path.dirname(os.path.abspath(p)) for _, p in wanted}
-                    | {os.path.dirname(os.path.abspath(p)) for s in self.watcher.servers() for p in s.log_paths})
+        # The configured paths' directories too: a file that does not exist yet wakes us when it appears.
+        self._watch({os.path.dirname(os.path.abspath(p)) for s in servers for p in s.log_paths}
+                    | {os.path.dirname(os.path.abspath(p)) for _, p in wanted})
 
     def _watch(self, directories: set[str]) -> None:
         if self._observer is None:

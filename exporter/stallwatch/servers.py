@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import stat
 import threading
 import time
@@ -34,6 +35,7 @@ class Candidate:
     ppid: int
     create_time: float
     argv: tuple[str, ...]
+    cmdline: str  # argv joined by spaces, what config and engine matchers see
 
 
 class Server:
@@ -46,7 +48,6 @@ class Server:
         self.main: psutil.Process | None = None
         self.main_key: tuple[int, float] | None = None
         self.argv: tuple[str, ...] = ()
-        self.launches = 0  # how many distinct main processes were seen
         self.ledger = CpuLedger()
         self._tree: tuple[float, list[ProcSample]] = (float("-inf"), [])
         self.probes: tuple[Probe, ...] = spec.probes or ()
@@ -65,7 +66,6 @@ class Server:
                 return False
             self.main_key = key
             self.argv = candidate.argv
-            self.launches += 1
             self.ledger = CpuLedger()
             self._tree = (float("-inf"), [])
             if self.spec.probes is None:
@@ -139,14 +139,15 @@ def scan_processes() -> list[Candidate]:
     for proc in psutil.process_iter(["pid", "ppid", "cmdline", "create_time"], ad_value=None):
         info = proc.info
         if info.get("cmdline") and info.get("create_time") is not None:
-            out.append(Candidate(info["pid"], info["ppid"] or 0, info["create_time"], tuple(info["cmdline"])))
+            argv = tuple(info["cmdline"])
+            out.append(Candidate(info["pid"], info["ppid"] or 0, info["create_time"], argv, " ".join(argv)))
     out.sort(key=lambda c: c.create_time)
     return out
 
 
-def _roots(candidates: Iterable[Candidate], matches: Callable[[Candidate], bool]) -> list[Candidate]:
+def _roots(candidates: Iterable[Candidate], pattern: re.Pattern[str]) -> list[Candidate]:
     """Matching processes whose parent does not match too (forked workers keep their parent's argv)."""
-    matched = [c for c in candidates if matches(c)]
+    matched = [c for c in candidates if pattern.search(c.cmdline)]
     pids = {c.pid for c in matched}
     return [c for c in matched if c.ppid not in pids]
 
@@ -179,8 +180,7 @@ class Watcher:
         for server in self._configured:
             pattern = server.spec.cmdline or server.engine.cmdline
             assert pattern is not None  # config validation guarantees one
-            roots = [c for c in _roots(candidates, lambda c, p=pattern: bool(p.search(" ".join(c.argv))))
-                     if c.pid not in claimed]
+            roots = [c for c in _roots(candidates, pattern) if c.pid not in claimed]
             if roots:
                 claimed.add(roots[0].pid)
                 changed |= server.attach(roots[0])
@@ -189,7 +189,7 @@ class Watcher:
                 if engine.cmdline is None:
                     continue
                 pattern = engine.cmdline
-                for root in _roots(candidates, lambda c, p=pattern: bool(p.search(" ".join(c.argv)))):
+                for root in _roots(candidates, pattern):
                     if root.pid in claimed:
                         continue
                     claimed.add(root.pid)
