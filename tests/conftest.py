@@ -42,3 +42,7 @@ def require(binary: str) -> str:
     if path is None:
         pytest.fail(f"{binary} is not installed; the README's test command installs it")
     return path
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--update-golden", action="store_true", help="rewrite tests/fixtures/golden/scrape.prom")

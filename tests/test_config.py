@@ -46,12 +46,12 @@ def test_design_example_is_valid(tmp_path: Path) -> None:
     assert server.name == "kimi-eagle3" and server.gpus is None
     assert server.stall.gpu_memory_bytes == 70e9 and server.stall.log_stale == 600
     assert server.probes and server.probes[0].timeout == 5 and server.probes[0].interval == 15
-    assert config.discovery is False  # servers listed: only those are watched unless discovery is enabled
+    assert config.discovery.enabled is False  # servers listed: only those are watched unless discovery is enabled
 
 
 def test_empty_file_is_the_default_config(tmp_path: Path) -> None:
     assert check_config(tmp_path, "").returncode == 0
-    assert parse("").discovery is True
+    assert parse("").discovery.enabled is True
 
 
 @pytest.mark.parametrize(
@@ -79,19 +79,22 @@ def test_empty_file_is_the_default_config(tmp_path: Path) -> None:
          "expected an http"),
     ],
 )
-def test_bad_config_exits_2_naming_file_line_key_and_reason(
-    tmp_path: Path, text: str, line: int, key: str, reason: str
-) -> None:
-    result = check_config(tmp_path, text)
-    assert result.returncode == 2
-    assert f"c.yml:{line}: {key}: " in result.stderr, result.stderr
-    assert reason in result.stderr
+def test_bad_config_names_file_line_key_and_reason(text: str, line: int, key: str, reason: str) -> None:
+    with pytest.raises(ConfigError) as error:
+        parse(text, file="c.yml")
+    assert str(error.value).startswith(f"c.yml:{line}: {key}: "), error.value
+    assert reason in str(error.value)
 
 
-def test_invalid_yaml_names_its_line(tmp_path: Path) -> None:
-    result = check_config(tmp_path, "servers:\n  - engine: sglang\n   bad: [\n")
+def test_check_config_exits_2_with_the_message(tmp_path: Path) -> None:
+    result = check_config(tmp_path, "servers:\n  - engine: sglang\n    colour: red\n")
     assert result.returncode == 2
-    assert "c.yml:3: invalid YAML" in result.stderr
+    assert "c.yml:3: servers[0].colour: unknown key" in result.stderr
+
+
+def test_invalid_yaml_names_its_line() -> None:
+    with pytest.raises(ConfigError, match=r"^c\.yml:3: invalid YAML"):
+        parse("servers:\n  - engine: sglang\n   bad: [\n", file="c.yml")
 
 
 def test_unreadable_file(tmp_path: Path) -> None:
@@ -134,3 +137,39 @@ def test_sizes(text: object, size: float) -> None:
 def test_bad_durations(bad: object) -> None:
     with pytest.raises(ValueError):
         parse_duration(bad)
+
+
+def test_defaults_apply_where_a_server_is_silent() -> None:
+    config = parse("defaults:\n  stall: {log_stale: 3m}\n  probe: {timeout: 2s}\n"
+                   "servers:\n  - engine: sglang\n    stall: {gpu_memory_bytes: 70GB}\n"
+                   "    probes: [{url: 'http://127.0.0.1:1/health', interval: 1s}]\n")
+    server = config.servers[0]
+    assert (server.stall.gpu_memory_bytes, server.stall.log_stale) == (70e9, 180)
+    assert server.probes is not None
+    probe = server.probes[0]
+    assert (probe.url, probe.timeout, probe.interval) == ("http://127.0.0.1:1/health", 2, 1)
+    assert parse("").defaults.probe.interval == 15
+
+
+def test_probe_without_url_and_defaults_probe_with_url_are_refused() -> None:
+    with pytest.raises(ConfigError, match=r"servers\[0\]\.probes\[0\]\.url: missing"):
+        parse("servers:\n  - engine: sglang\n    probes: [{timeout: 1s}]\n")
+    with pytest.raises(ConfigError, match=r"defaults\.probe\.url: unknown key"):
+        parse("defaults:\n  probe: {url: 'http://x/'}\n")
+
+
+def test_every_registered_collector_has_a_section_and_a_flag() -> None:
+    from stallwatch.collectors import REGISTRY
+    from stallwatch.collectors.gpu import GpuSettings
+    from stallwatch.collectors.logs import LogsSettings
+
+    config = parse("gpu: {sample_interval: 2s}\nlogs: {enabled: false, poll_interval: 0.5s}\nphase: {enabled: false}\n")
+    assert config.collector("gpu", GpuSettings).sample_interval == 2
+    assert config.collector("logs", LogsSettings) == LogsSettings(enabled=False, poll_interval=0.5)
+    with pytest.raises(ConfigError, match=r"c\.yml:1: process\.poll_interval: unknown key; expected one of enabled"):
+        parse("process: {poll_interval: 1s}\n", file="c.yml")
+    usage = subprocess.run([sys.executable, "-m", "stallwatch", "--help"], capture_output=True, text=True,
+                           timeout=30).stdout
+    for registration in REGISTRY:
+        assert f"--collector.{registration.name}" in usage, registration.name
+        assert registration.name in parse("").collectors

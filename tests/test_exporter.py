@@ -34,7 +34,7 @@ def test_flags_telemetry_path_and_disabled_collector(exporter) -> None:
     assert status == 200
     scrape = Scrape(body)
     collectors = {s.labels["collector"] for s in scrape.samples("stallwatch_collector_success")}
-    assert collectors == {"process", "probe", "logs", "phase"}
+    assert collectors == {"process", "probe", "logs", "phase", "thresholds", "build_info"}
     assert e.get("/metrics")[0] == 404
 
 
@@ -230,7 +230,9 @@ def test_probe_outcomes(exporter, target: str) -> None:
     urls = {"ok": f"{target}/ok", "503": f"{target}/503", "redirect": f"{target}/redirect",
             "hang": f"{target}/hang", "big": f"{target}/big", "refused": closed}
     probes = "".join(f"      - {{url: '{u}', timeout: 1s, interval: 1s}}\n" for u in urls.values())
-    e = exporter(config=f"servers:\n  - name: probed\n    engine: sglang\n    probes:\n{probes}")
+    # A matcher no process has: another SGLang on this machine must not change the result.
+    e = exporter(config=f"servers:\n  - name: probed\n    engine: sglang\n"
+                 f"    match: {{cmdline: 'no-such-process-{free_port()}'}}\n    probes:\n{probes}")
 
     def value(s: Scrape, metric: str, key: str, **labels: str) -> float | None:
         return s.value(metric, server="probed", url=urls[key], **labels)

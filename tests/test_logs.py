@@ -13,7 +13,7 @@ import pytest
 
 import transcripts as t
 from stallwatch import logfollow
-from stallwatch.config import Config, ServerSpec
+from stallwatch.config import Config, Discovery, ServerSpec
 from stallwatch.logfollow import LogManager, LogStats
 from stallwatch.servers import Watcher
 
@@ -32,7 +32,7 @@ class Clock:
 def manager(*logs: str | Path) -> tuple[LogManager, Watcher, Clock]:
     spec = ServerSpec(engine="sglang", name="s", cmdline=re.compile("no-such-process-xyz"),
                       logs=tuple(str(p) for p in logs))
-    watcher = Watcher(Config(servers=(spec,), discovery=False))
+    watcher = Watcher(Config(servers=(spec,), discovery=Discovery(enabled=False)))
     clock = Clock()
     return LogManager(watcher, poll_interval=1.0, wall=clock), watcher, clock
 
@@ -44,7 +44,7 @@ def stats(m: LogManager, path: str | Path | None = None) -> LogStats:
 
 
 def phase(watcher: Watcher) -> str:
-    return watcher.servers()[0].tracker.snapshot()[0]
+    return watcher.servers()[0].tracker.snapshot().phase
 
 
 def append(path: Path, data: bytes) -> None:
@@ -170,7 +170,8 @@ def test_progress_bar_without_newline_is_activity(tmp_path: Path) -> None:
     m.poll()
     s = stats(m)
     assert s.lines == lines and s.last_growth == clock.now
-    assert watcher.servers()[0].tracker.snapshot()[2:4] == (3, 64)
+    snap = watcher.servers()[0].tracker.snapshot()
+    assert (snap.shards_loaded, snap.shards_expected) == (3, 64)
 
 
 def test_100_mb_line_without_newline_keeps_memory_bounded(tmp_path: Path) -> None:

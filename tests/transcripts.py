@@ -1,4 +1,4 @@
-"""Engine log transcripts built from the engines' real strings (../shared/research/engines.md).
+"""Engine log transcripts built from the engines' real strings (sources cited in exporter/stallwatch/engines/).
 
 Each function returns the bytes an engine writes to its stdout/stderr for one scenario, with the real
 prefixes (SGLang `[date TPn]`, vLLM `(EngineCore pid=N) INFO MM-DD ...`), interleaved TP ranks and tqdm

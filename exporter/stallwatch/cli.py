@@ -13,21 +13,11 @@ from prometheus_client import CollectorRegistry
 
 from stallwatch import __version__
 from stallwatch import config as config_module
-from stallwatch.collectors import Source, StallwatchCollector
-from stallwatch.collectors.gpu import GpuCollector
-from stallwatch.collectors.logs import LogsCollector
-from stallwatch.collectors.phase import PhaseCollector
-from stallwatch.collectors.probe import ProbeCollector
-from stallwatch.collectors.process import ProcessCollector
+from stallwatch.collectors import REGISTRY, build
 from stallwatch.config import Config, ConfigError
-from stallwatch.logfollow import LogManager
-from stallwatch.nvml import Nvml
-from stallwatch.prober import ProbeManager
-from stallwatch.server import make_app, serve
-from stallwatch.servers import Watcher
+from stallwatch.web import make_app, serve
 
 DEFAULT_PORT = 9847
-COLLECTORS = ("gpu", "process", "probe", "logs")
 log = logging.getLogger("stallwatch")
 
 
@@ -41,10 +31,11 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--config.file", dest="config_file", help="YAML config file (optional)")
     parser.add_argument("--log.level", dest="log_level", default="info",
                         choices=("debug", "info", "warn", "error"), help="log level (default info)")
-    for name in COLLECTORS:
+    for registration in REGISTRY:
+        name = registration.name
         parser.add_argument(f"--collector.{name}", dest=f"collector_{name}", default=None,
                             action=argparse.BooleanOptionalAction,
-                            help=f"enable the {name} collector (default: the config's {name}.enabled, true)")
+                            help=f"{registration.help} (default: the config's {name}.enabled, true)")
     parser.add_argument("--version", action="version", version=f"stallwatch {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="{serve,check-config,version}")
     commands.add_parser("serve", help="serve metrics (the default)")
@@ -60,35 +51,6 @@ def _listen_address(text: str) -> tuple[str, int]:
         raise ValueError(f"--web.listen-address: expected [host]:port, got {text!r}")
     host = host.strip("[]") or "0.0.0.0"
     return host, int(port)
-
-
-def _enabled(args: argparse.Namespace, config: Config, name: str) -> bool:
-    flag = getattr(args, f"collector_{name}")
-    return bool(getattr(config, f"{name}_enabled")) if flag is None else bool(flag)
-
-
-def build(config: Config, enabled: dict[str, bool]) -> tuple[Watcher, StallwatchCollector, list[object]]:
-    """The watcher, the root collector and the background parts that `serve` starts."""
-    watcher = Watcher(config)
-    sources: dict[str, Source] = {}
-    background: list[object] = [watcher]
-    if enabled["gpu"]:
-        nvml = Nvml(config.gpu_sample_interval)
-        sources["gpu"] = GpuCollector(nvml, watcher)
-        background.append(nvml)
-    if enabled["process"]:
-        sources["process"] = ProcessCollector(watcher)
-    probes = None
-    if enabled["probe"]:
-        probes = ProbeManager()
-        watcher.on_change(probes.reconcile)
-        sources["probe"] = ProbeCollector(probes)
-    if enabled["logs"]:
-        logs = LogManager(watcher, config.logs_poll_interval)
-        sources["logs"] = LogsCollector(logs, watcher)
-        background.append(logs)
-    sources["phase"] = PhaseCollector(watcher, probes)
-    return watcher, StallwatchCollector(watcher, sources), background
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -109,16 +71,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"stallwatch: error: {exc}", file=sys.stderr)
         return 2
 
-    watcher, root, background = build(config, {name: _enabled(args, config, name) for name in COLLECTORS})
+    root, context = build(config, {r.name: getattr(args, f"collector_{r.name}") for r in REGISTRY})
     registry = CollectorRegistry()
     registry.register(root)
     try:
-        httpd, _ = serve(make_app(registry, watcher, args.telemetry_path), host, port)
+        httpd, _ = serve(make_app(registry, context.watcher, args.telemetry_path), host, port)
     except OSError as exc:
         print(f"stallwatch: error: cannot listen on {args.listen_address}: {exc}", file=sys.stderr)
         return 1
-    for part in background:
-        part.start()  # type: ignore[attr-defined]
+    for part in context.background:
+        part.start()
     log.info("stallwatch %s listening on %s:%d%s", __version__, host, httpd.server_port, args.telemetry_path)
 
     stop = threading.Event()
@@ -127,6 +89,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     stop.wait()
     log.info("shutting down")
     httpd.shutdown()
-    for part in background:
-        part.stop()  # type: ignore[attr-defined]
+    for part in context.background:
+        part.stop()
     return 0

@@ -1,12 +1,17 @@
 """The YAML config: schema, defaults and validation with errors that name the file, line and key.
 
+Each section is a frozen dataclass whose fields carry their default and their converter (`setting`), so a
+default is declared once and one generic reader (`_Reader.struct`) reads every section, as
+blackbox_exporter's `Default<X>Probe` values with one unmarshal per struct do (`config/config.go`).
 The exporter runs without any file: `Config()` is the default (auto-discovery of known engines).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
-from collections.abc import Callable
+import typing
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -16,23 +21,80 @@ from stallwatch.engines import ENGINES, EVENTS, PHASES, Rule, rule
 from stallwatch.units import parse_duration, parse_size
 
 T = TypeVar("T")
+S = TypeVar("S", bound="CollectorSettings")
 
 
 class ConfigError(Exception):
     """A config that cannot be used; the message names file, line, key and the reason."""
 
 
+def setting(convert: Callable[[Any], Any], default: Any) -> Any:
+    """A config field: its default and the converter that checks a YAML value for it."""
+    return field(default=default, metadata={"convert": convert})
+
+
+def _string(value: Any) -> str:
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"expected a non-empty string, got {value!r}")
+    return value
+
+
+def _boolean(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"expected true or false, got {value!r}")
+    return value
+
+
+def positive_duration(value: Any) -> float:
+    seconds = parse_duration(value)
+    if seconds <= 0:
+        raise ValueError(f"expected a duration above zero, got {value!r}")
+    return seconds
+
+
+def _url(value: Any) -> str:
+    text = _string(value)
+    if not re.match(r"https?://[^/\s]+", text):
+        raise ValueError(f"expected an http:// or https:// URL, got {text!r}")
+    return text
+
+
 @dataclass(frozen=True)
-class Probe:
-    url: str
-    timeout: float = 5.0
-    interval: float = 15.0
+class ProbeTiming:
+    timeout: float = setting(positive_duration, 5.0)
+    interval: float = setting(positive_duration, 15.0)
+
+
+@dataclass(frozen=True)
+class Probe(ProbeTiming):
+    url: str = setting(_url, "")
 
 
 @dataclass(frozen=True)
 class Stall:
-    gpu_memory_bytes: float = 1e9
-    log_stale: float = 600.0
+    gpu_memory_bytes: float = setting(parse_size, 1e9)
+    log_stale: float = setting(positive_duration, 600.0)
+
+
+@dataclass(frozen=True)
+class Defaults:
+    """What every server gets unless its own entry says otherwise."""
+
+    stall: Stall = Stall()
+    probe: ProbeTiming = ProbeTiming()
+
+
+@dataclass(frozen=True)
+class Discovery:
+    enabled: bool = setting(_boolean, True)  # default: on when no servers are listed
+    interval: float = setting(positive_duration, 10.0)
+
+
+@dataclass(frozen=True)
+class CollectorSettings:
+    """A collector's config section; a collector with more keys subclasses it."""
+
+    enabled: bool = setting(_boolean, True)
 
 
 @dataclass(frozen=True)
@@ -50,29 +112,26 @@ class ServerSpec:
 @dataclass(frozen=True)
 class Config:
     servers: tuple[ServerSpec, ...] = ()
-    discovery: bool = True
-    discovery_interval: float = 10.0
-    default_stall: Stall = Stall()
-    default_probe_timeout: float = 5.0
-    default_probe_interval: float = 15.0
-    gpu_enabled: bool = True
-    gpu_sample_interval: float = 1.0
-    process_enabled: bool = True
-    probe_enabled: bool = True
-    logs_enabled: bool = True
-    logs_poll_interval: float = 1.0
-    source: str = field(default="<defaults>", compare=False)
+    discovery: Discovery = Discovery()
+    defaults: Defaults = Defaults()
+    collectors: Mapping[str, CollectorSettings] = field(default_factory=dict)  # by collector name
+    file: str = field(default="<defaults>", compare=False)
+
+    def collector(self, name: str, settings: type[S]) -> S:
+        """The section of collector `name`, or its defaults when the file has none."""
+        found = self.collectors.get(name)
+        return found if isinstance(found, settings) else settings()
 
 
 class _Reader:
     """Walks the composed YAML node tree so that every error can point at a line."""
 
-    def __init__(self, source: str) -> None:
-        self.source = source
+    def __init__(self, file: str) -> None:
+        self.file = file
 
     def fail(self, node: yaml.Node | None, path: str, reason: str) -> ConfigError:
         line = f":{node.start_mark.line + 1}" if node is not None else ""
-        return ConfigError(f"{self.source}{line}: {path}: {reason}")
+        return ConfigError(f"{self.file}{line}: {path}: {reason}")
 
     def mapping(self, node: yaml.Node, path: str, allowed: set[str]) -> dict[str, yaml.Node]:
         if not isinstance(node, yaml.MappingNode):
@@ -102,6 +161,24 @@ class _Reader:
         except (ValueError, TypeError, re.error) as exc:
             raise self.fail(node, path, str(exc)) from None
 
+    def struct(self, node: yaml.Node | None, path: str, base: T, required: tuple[str, ...] = ()) -> T:
+        """A section read into a copy of `base`: keys are its fields, absent keys keep `base`'s values."""
+        if node is None:
+            return base
+        hints = typing.get_type_hints(type(base))
+        fields = {f.name: f for f in dataclasses.fields(base)}  # type: ignore[arg-type]
+        keys = self.mapping(node, path, set(fields))
+        for name in required:
+            if name not in keys:
+                raise self.fail(node, f"{path}.{name}", "missing")
+        values: dict[str, Any] = {}
+        for key, value_node in keys.items():
+            if dataclasses.is_dataclass(hints[key]):
+                values[key] = self.struct(value_node, f"{path}.{key}", getattr(base, key))
+            else:
+                values[key] = self.scalar(value_node, f"{path}.{key}", fields[key].metadata["convert"])
+        return dataclasses.replace(base, **values)  # type: ignore[type-var]
+
 
 def _kind(node: yaml.Node) -> str:
     if isinstance(node, yaml.MappingNode):
@@ -111,31 +188,12 @@ def _kind(node: yaml.Node) -> str:
     return f"{node.value!r}"
 
 
-def _string(value: Any) -> str:
-    if not isinstance(value, str) or not value:
-        raise ValueError(f"expected a non-empty string, got {value!r}")
-    return value
-
-
-def _boolean(value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise ValueError(f"expected true or false, got {value!r}")
-    return value
-
-
 def _regex(value: Any) -> re.Pattern[str]:
     text = _string(value)
     try:
         return re.compile(text)
     except re.error as exc:
         raise ValueError(f"invalid regular expression {text!r}: {exc}") from None
-
-
-def _positive_duration(value: Any) -> float:
-    seconds = parse_duration(value)
-    if seconds <= 0:
-        raise ValueError(f"expected a duration above zero, got {value!r}")
-    return seconds
 
 
 def _choice(options: tuple[str, ...]) -> Callable[[Any], str]:
@@ -153,39 +211,6 @@ def _gpu_index(value: Any) -> int:
     return value
 
 
-def _url(value: Any) -> str:
-    text = _string(value)
-    if not re.match(r"https?://[^/\s]+", text):
-        raise ValueError(f"expected an http:// or https:// URL, got {text!r}")
-    return text
-
-
-def _enabled(r: _Reader, node: yaml.Node | None, path: str, default: bool, **extra: Any) -> dict[str, Any]:
-    """A `{enabled: bool, ...}` section; extra maps optional keys to converters."""
-    if node is None:
-        return {"enabled": default}
-    keys = r.mapping(node, path, {"enabled", *extra})
-    out: dict[str, Any] = {"enabled": default}
-    for key, value_node in keys.items():
-        convert = _boolean if key == "enabled" else extra[key]
-        out[key] = r.scalar(value_node, f"{path}.{key}", convert)
-    return out
-
-
-def _stall(r: _Reader, node: yaml.Node | None, path: str, default: Stall) -> Stall:
-    if node is None:
-        return default
-    keys = r.mapping(node, path, {"gpu_memory_bytes", "log_stale"})
-    return Stall(
-        gpu_memory_bytes=r.scalar(keys["gpu_memory_bytes"], f"{path}.gpu_memory_bytes", parse_size)
-        if "gpu_memory_bytes" in keys
-        else default.gpu_memory_bytes,
-        log_stale=r.scalar(keys["log_stale"], f"{path}.log_stale", _positive_duration)
-        if "log_stale" in keys
-        else default.log_stale,
-    )
-
-
 def _patterns(r: _Reader, node: yaml.Node, path: str) -> tuple[Rule, ...]:
     """`patterns: {<phase>: [regex...], events: {<event>: [regex...]}}`"""
     keys = r.mapping(node, path, {*PHASES, "events"})
@@ -199,14 +224,15 @@ def _patterns(r: _Reader, node: yaml.Node, path: str) -> tuple[Rule, ...]:
     return tuple(rules)
 
 
+def _items(r: _Reader, node: yaml.Node, path: str, read: Callable[[yaml.Node, str], T]) -> tuple[T, ...]:
+    return tuple(read(item, f"{path}[{i}]") for i, item in enumerate(r.sequence(node, path)))
+
+
 def _rule_list(r: _Reader, node: yaml.Node, path: str, **meaning: str) -> list[Rule]:
-    return [
-        rule(r.scalar(item, f"{path}[{i}]", _regex).pattern, **meaning)
-        for i, item in enumerate(r.sequence(node, path))
-    ]
+    return [rule(pattern.pattern, **meaning) for pattern in _items(r, node, path, lambda n, p: r.scalar(n, p, _regex))]
 
 
-def _server(r: _Reader, node: yaml.Node, path: str, config: dict[str, Any]) -> ServerSpec:
+def _server(r: _Reader, node: yaml.Node, path: str, defaults: Defaults) -> ServerSpec:
     keys = r.mapping(node, path, {"name", "engine", "match", "logs", "probes", "gpus", "stall", "patterns"})
     if "engine" not in keys:
         raise r.fail(node, f"{path}.engine", "missing; expected one of " + ", ".join(ENGINES))
@@ -218,107 +244,64 @@ def _server(r: _Reader, node: yaml.Node, path: str, config: dict[str, Any]) -> S
             cmdline = r.scalar(match["cmdline"], f"{path}.match.cmdline", _regex)
     if cmdline is None and ENGINES[engine].cmdline is None:
         raise r.fail(node, f"{path}.match.cmdline", f"required for engine {engine!r}")
-    probes = None
-    if "probes" in keys:
-        probes = tuple(
-            _probe(r, item, f"{path}.probes[{i}]", config)
-            for i, item in enumerate(r.sequence(keys["probes"], f"{path}.probes"))
-        )
+    probe = Probe(**dataclasses.asdict(defaults.probe))
     gpus = None
-    if "gpus" in keys:
-        gpus_node = keys["gpus"]
-        if isinstance(gpus_node, yaml.ScalarNode):
-            r.scalar(gpus_node, f"{path}.gpus", _choice(("auto",)))
-        else:
-            gpus = tuple(
-                r.scalar(item, f"{path}.gpus[{i}]", _gpu_index)
-                for i, item in enumerate(r.sequence(gpus_node, f"{path}.gpus"))
-            )
+    if "gpus" in keys and not isinstance(keys["gpus"], yaml.ScalarNode):
+        gpus = _items(r, keys["gpus"], f"{path}.gpus", lambda n, p: r.scalar(n, p, _gpu_index))
+    elif "gpus" in keys:
+        r.scalar(keys["gpus"], f"{path}.gpus", _choice(("auto",)))
     return ServerSpec(
         engine=engine,
         name=r.scalar(keys["name"], f"{path}.name", _string) if "name" in keys else None,
         cmdline=cmdline,
-        logs=tuple(
-            r.scalar(item, f"{path}.logs[{i}]", _string)
-            for i, item in enumerate(r.sequence(keys["logs"], f"{path}.logs"))
-        )
-        if "logs" in keys
-        else (),
-        probes=probes,
+        logs=_items(r, keys["logs"], f"{path}.logs", lambda n, p: r.scalar(n, p, _string)) if "logs" in keys else (),
+        probes=_items(r, keys["probes"], f"{path}.probes", lambda n, p: r.struct(n, p, probe, required=("url",)))
+        if "probes" in keys
+        else None,
         gpus=gpus,
-        stall=_stall(r, keys.get("stall"), f"{path}.stall", config["default_stall"]),
+        stall=r.struct(keys.get("stall"), f"{path}.stall", defaults.stall),
         rules=_patterns(r, keys["patterns"], f"{path}.patterns") if "patterns" in keys else (),
     )
 
 
-def _probe(r: _Reader, node: yaml.Node, path: str, config: dict[str, Any]) -> Probe:
-    keys = r.mapping(node, path, {"url", "timeout", "interval"})
-    if "url" not in keys:
-        raise r.fail(node, f"{path}.url", "missing")
-    return Probe(
-        url=r.scalar(keys["url"], f"{path}.url", _url),
-        timeout=r.scalar(keys["timeout"], f"{path}.timeout", _positive_duration)
-        if "timeout" in keys
-        else config["default_probe_timeout"],
-        interval=r.scalar(keys["interval"], f"{path}.interval", _positive_duration)
-        if "interval" in keys
-        else config["default_probe_interval"],
-    )
+def _collector_sections() -> dict[str, type[CollectorSettings]]:
+    from stallwatch.collectors import REGISTRY  # the collectors import this module: resolve at call time
+
+    return {registration.name: registration.settings for registration in REGISTRY}
 
 
-def parse(text: str, source: str = "<config>") -> Config:
-    r = _Reader(source)
+def parse(text: str, file: str = "<config>", sections: Mapping[str, type[CollectorSettings]] | None = None) -> Config:
+    """The config in `text`; `sections` maps each collector's name to its settings class (default: all)."""
+    sections = _collector_sections() if sections is None else sections
+    r = _Reader(file)
     try:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = f":{mark.line + 1}" if mark is not None else ""
         problem = getattr(exc, "problem", None) or str(exc)
-        raise ConfigError(f"{source}{line}: invalid YAML: {problem}") from None
-    if root is None:
-        return Config(source=source)
-    keys = r.mapping(root, "", {"servers", "discovery", "defaults", "gpu", "process", "probe", "logs"})
-    config: dict[str, Any] = {"source": source}
-
-    if "defaults" in keys:
-        defaults = r.mapping(keys["defaults"], "defaults", {"stall", "probe"})
-        config["default_stall"] = _stall(r, defaults.get("stall"), "defaults.stall", Stall())
-        if "probe" in defaults:
-            probe = r.mapping(defaults["probe"], "defaults.probe", {"timeout", "interval"})
-            for key in probe:
-                config[f"default_probe_{key}"] = r.scalar(probe[key], f"defaults.probe.{key}", _positive_duration)
-    config.setdefault("default_stall", Stall())
-    config.setdefault("default_probe_timeout", Config.default_probe_timeout)
-    config.setdefault("default_probe_interval", Config.default_probe_interval)
+        raise ConfigError(f"{file}{line}: invalid YAML: {problem}") from None
+    keys = {} if root is None else r.mapping(root, "", {"servers", "discovery", "defaults", *sections})
+    defaults = r.struct(keys.get("defaults"), "defaults", Defaults())
 
     servers: list[ServerSpec] = []
-    if "servers" in keys:
-        names: dict[str, int] = {}
-        for i, item in enumerate(r.sequence(keys["servers"], "servers")):
-            spec = _server(r, item, f"servers[{i}]", config)
-            if spec.name is not None:
-                if spec.name in names:
-                    raise r.fail(item, f"servers[{i}].name", f"duplicate server name {spec.name!r} "
-                                 f"(also servers[{names[spec.name]}])")
-                names[spec.name] = i
-            servers.append(spec)
-    config["servers"] = tuple(servers)
+    names: dict[str, int] = {}
+    for i, item in enumerate(r.sequence(keys["servers"], "servers") if "servers" in keys else []):
+        spec = _server(r, item, f"servers[{i}]", defaults)
+        if spec.name is not None and spec.name in names:
+            raise r.fail(item, f"servers[{i}].name",
+                         f"duplicate server name {spec.name!r} (also servers[{names[spec.name]}])")
+        if spec.name is not None:
+            names[spec.name] = i
+        servers.append(spec)
 
-    discovery = _enabled(r, keys.get("discovery"), "discovery", not servers, interval=_positive_duration)
-    config["discovery"] = discovery["enabled"]
-    if "interval" in discovery:
-        config["discovery_interval"] = discovery["interval"]
-    gpu = _enabled(r, keys.get("gpu"), "gpu", True, sample_interval=_positive_duration)
-    config["gpu_enabled"] = gpu["enabled"]
-    if "sample_interval" in gpu:
-        config["gpu_sample_interval"] = gpu["sample_interval"]
-    config["process_enabled"] = _enabled(r, keys.get("process"), "process", True)["enabled"]
-    config["probe_enabled"] = _enabled(r, keys.get("probe"), "probe", True)["enabled"]
-    logs = _enabled(r, keys.get("logs"), "logs", True, poll_interval=_positive_duration)
-    config["logs_enabled"] = logs["enabled"]
-    if "poll_interval" in logs:
-        config["logs_poll_interval"] = logs["poll_interval"]
-    return Config(**config)
+    return Config(
+        servers=tuple(servers),
+        discovery=r.struct(keys.get("discovery"), "discovery", Discovery(enabled=not servers)),
+        defaults=defaults,
+        collectors={name: r.struct(keys.get(name), name, settings()) for name, settings in sections.items()},
+        file=file,
+    )
 
 
 def load(path: str) -> Config:
@@ -327,4 +310,4 @@ def load(path: str) -> Config:
             text = handle.read()
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: cannot read config file: {exc}") from None
-    return parse(text, source=path)
+    return parse(text, file=path)

@@ -223,7 +223,7 @@ class LogManager:
             for key, server in wanted.items():
                 if key not in self._files:
                     # psutil's create_time rests on a boot time in whole seconds: allow for that.
-                    launched_since = server.main_key is not None and server.main_key[1] >= self._started - 2.0
+                    launched_since = server.main_key is not None and server.main_key.create_time >= self._started - 2.0
                     self._files[key] = LogFile(server.name, key[1], server.tracker, self._wall,
                                                recover=os.path.exists(key[1]), recover_events=launched_since)
             files = list(self._files.values())

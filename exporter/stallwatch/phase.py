@@ -1,9 +1,7 @@
 """Startup phase and notable events of one server, driven by its log lines and by its process and probes.
 
-The hot path stays in the regex engine: one prefilter regex (a trie of literals that every rule's match
-must contain) scans whole blocks of lines, and only the lines it hits are matched against the engine's
-rules. Once a server is serving, only launch, failure and event rules stay in the prefilter: a busy server's
-`Decode batch` lines then cost one scan.
+Log blocks are scanned with the engine's prefilter (`stallwatch.prefilter`). Once a server is serving, only
+launch, failure and event rules stay in it: a busy server's `Decode batch` lines then cost one scan.
 """
 
 from __future__ import annotations
@@ -13,106 +11,12 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import NamedTuple
 
-from stallwatch.engines import EVENTS, Engine, Rule
-
-try:  # Python 3.11+
-    import re._constants as _sre_constants
-    import re._parser as _sre_parse
-except ImportError:  # pragma: no cover - Python 3.10
-    import sre_constants as _sre_constants  # type: ignore[no-redef]
-    import sre_parse as _sre_parse  # type: ignore[no-redef]
+from stallwatch.engines import EVENTS, Engine
+from stallwatch.prefilter import SHARDS, Compiled, compile_rules, strip_groups
 
 ANSI = re.compile(rb"\x1b\[[0-9;?]*[ -/]*[@-~]")
-_SHARDS = "shards"
-_MIN_LITERAL = 4
-
-
-@dataclass(frozen=True)
-class _Compiled:
-    prefilter: re.Pattern[bytes] | None  # literals that every rule's match contains; None: scan every line
-    regex: re.Pattern[bytes]  # all rules, one named group each, run only on candidate lines
-    rules: dict[str, Rule]  # group name -> rule
-
-
-def _compile(rules: list[Rule], shards: re.Pattern[bytes] | None) -> _Compiled:
-    parts: list[bytes] = []
-    literals: set[bytes] | None = set()
-    patterns = [(f"r{i}", r.pattern.pattern) for i, r in enumerate(rules)]
-    if shards is not None:  # first: a shard line is also a loading_weights line
-        patterns.insert(0, (_SHARDS, shards.pattern))
-    for group, pattern in patterns:
-        parts.append(b"(?P<%s>%s)" % (group.encode(), _strip_groups(pattern)))
-        needed = required_literals(pattern)
-        literals = None if literals is None or needed is None else literals | set(needed)
-    by_group = {f"r{i}": r for i, r in enumerate(rules)}
-    prefilter = None if literals is None else re.compile(_trie(sorted(literals)) or b"(?!)")
-    return _Compiled(prefilter, re.compile(b"|".join(parts) or b"(?!)", re.MULTILINE), by_group)
-
-
-def _strip_groups(pattern: bytes) -> bytes:
-    """A rule as one branch of the combined alternation: its capturing groups become non-capturing, and
-    leading global flags such as `(?i)` become scoped ones, which is all Python allows mid-pattern."""
-    pattern = re.sub(rb"(?<!\\)\((?!\?)", b"(?:", pattern)
-    flags = re.match(rb"\(\?([imsx]+)\)", pattern)
-    return b"(?%s:%s)" % (flags.group(1), pattern[flags.end():]) if flags else pattern
-
-
-def required_literals(pattern: bytes) -> list[bytes] | None:
-    """Literal strings one of which every match of `pattern` contains; None when there are none to use."""
-    tree = _sre_parse.parse(pattern.decode("latin-1"))
-    if tree.state.flags & re.IGNORECASE:
-        return None  # a literal would miss the other cases
-    parsed = list(tree)
-    if len(parsed) == 1 and parsed[0][0] is _sre_constants.BRANCH:
-        out: list[bytes] = []
-        for branch in parsed[0][1][1]:
-            found = _longest_literal(list(branch))
-            if found is None:
-                return None
-            out.append(found)
-        return out
-    found = _longest_literal(parsed)
-    return None if found is None else [found]
-
-
-def _longest_literal(items: list[tuple[object, object]]) -> bytes | None:
-    """The literal run to prefilter on. Runs are cut to begin at a capital letter or `_` where that leaves
-    enough, because the regex engine skips positions by first byte, and lower-case letters are everywhere."""
-    runs, run = [], bytearray()
-    for op, arg in [*items, (None, None)]:
-        if op is _sre_constants.LITERAL:
-            run.append(arg)  # type: ignore[arg-type]
-            continue
-        if run:
-            runs.append(bytes(run))
-        run = bytearray()
-    capitalised = [r[m.start():] for r in runs
-                   if (m := re.search(rb"[A-Z_]", r)) and len(r) - m.start() >= _MIN_LITERAL]
-    candidates = capitalised or [r for r in runs if len(r) >= _MIN_LITERAL]
-    return max(candidates, key=len) if candidates else None
-
-
-def _trie(words: list[bytes]) -> bytes:
-    """One regex for many literals, factored by common prefixes (the regex engine then rarely backtracks)."""
-    root: dict = {}
-    for word in words:
-        node = root
-        for byte in word:
-            node = node.setdefault(byte, {})
-        node[None] = {}
-
-    def build(node: dict) -> bytes:
-        branches = [re.escape(bytes([b])) + build(child) for b, child in sorted(
-            ((k, v) for k, v in node.items() if k is not None))]
-        if not branches:
-            return b""
-        body = branches[0] if len(branches) == 1 else b"(?:" + b"|".join(branches) + b")"
-        return b"(?:" + body + b")?" if None in node else body
-
-    return build(root)
 
 
 class Matcher:
@@ -121,10 +25,10 @@ class Matcher:
     def __init__(self, engine: Engine) -> None:
         rules = list(engine.all_rules())
         self.shards = engine.shards
-        self.startup = _compile(rules, engine.shards)
+        self.startup = compile_rules(rules, engine.shards)
         # Only a new launch or a failure leaves `serving`: other phase lines need not be looked at then.
-        self.serving = _compile([r for r in rules if r.phase in ("launching", "failed") or r.event], None)
-        launch = [_strip_groups(r.pattern.pattern) for r in rules if r.phase == "launching"]
+        self.serving = compile_rules([r for r in rules if r.phase in ("launching", "failed") or r.event], None)
+        launch = [strip_groups(r.pattern.pattern) for r in rules if r.phase == "launching"]
         self.launch = re.compile(b"|".join(launch) or b"(?!)", re.MULTILINE)
 
 
@@ -178,11 +82,11 @@ class PhaseTracker:
                 self._line(compiled, block, start, end, count_events)
                 pos = end + 1
 
-    def _line(self, compiled: _Compiled, block: bytes, start: int, end: int, count_events: bool) -> None:
+    def _line(self, compiled: Compiled, block: bytes, start: int, end: int, count_events: bool) -> None:
         seen: set[str] = set()
         for match in compiled.regex.finditer(block, start, end):
             group = match.lastgroup
-            if group == _SHARDS:
+            if group == SHARDS:
                 self._shards(match.group(0))
                 self._line_phase("loading_weights", count_events)
                 continue

@@ -82,20 +82,23 @@ class ProbeState:
 
 
 class _Loop:
-    def __init__(self, state: ProbeState, spec: Probe, wall: Callable[[], float]) -> None:
-        self.state, self.spec, self._wall = state, spec, wall
+    def __init__(self, state: ProbeState, spec: Probe, server: Server, wall: Callable[[], float]) -> None:
+        self.state, self.spec, self.server, self._wall = state, spec, server, wall
         self.stop = threading.Event()
         threading.Thread(target=self._run, name=f"probe {spec.url}", daemon=True).start()
 
     def _run(self) -> None:
         while not self.stop.is_set():
             result = probe(self.spec.url, self.spec.timeout)
+            now = self._wall()
             with self.state.lock:
                 self.state.last = result
                 if result.success:
-                    self.state.last_success = self._wall()
+                    self.state.last_success = now
                 else:
                     self.state.failures[result.reason or "error"] += 1
+            if result.success:  # dated when it answered, not at the next scrape
+                self.server.tracker.probe_succeeded(now)
             if self.stop.wait(self.spec.interval):
                 return
 
@@ -109,19 +112,19 @@ class ProbeManager:
         self._loops: dict[tuple[str, str], _Loop] = {}
 
     def reconcile(self, servers: list[Server]) -> None:
-        wanted = {(s.name, p.url): p for s in servers for p in s.probes}
+        wanted = {(s.name, p.url): (p, s) for s in servers for p in s.probes}
         with self._lock:
             for key in set(self._loops) - set(wanted):
                 self._loops.pop(key).stop.set()
-            for key, spec in wanted.items():
+            for key, (spec, server) in wanted.items():
                 loop = self._loops.get(key)
-                if loop is not None and loop.spec == spec:
+                if loop is not None and loop.spec == spec and loop.server is server:
                     continue
                 if loop is not None:
                     loop.stop.set()
                 # Keep the counters when only interval or timeout changed: they must never go back.
                 state = loop.state if loop is not None else ProbeState(*key)
-                self._loops[key] = _Loop(state, spec, self._wall)
+                self._loops[key] = _Loop(state, spec, server, self._wall)
 
     def states(self) -> list[ProbeState]:
         out = []

@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import NamedTuple
 from urllib.parse import urlsplit
 
 import psutil
@@ -27,6 +28,14 @@ from stallwatch.proctree import CpuLedger, ProcSample, sample
 log = logging.getLogger(__name__)
 
 TREE_CACHE_SECONDS = 0.5  # GPU and process collectors of one scrape share one read of the tree
+LIVENESS_SECONDS = 1.0  # how soon a vanished main process turns the phase to stopped or failed
+
+
+class ProcessKey(NamedTuple):
+    """One process for good: a pid alone is reused."""
+
+    pid: int
+    create_time: float
 
 
 @dataclass(frozen=True)
@@ -46,7 +55,7 @@ class Server:
         self._config = config
         self._lock = threading.Lock()
         self.main: psutil.Process | None = None
-        self.main_key: tuple[int, float] | None = None
+        self.main_key: ProcessKey | None = None
         self.argv: tuple[str, ...] = ()
         self.ledger = CpuLedger()
         self._tree: tuple[float, list[ProcSample]] = (float("-inf"), [])
@@ -56,7 +65,7 @@ class Server:
 
     def attach(self, candidate: Candidate) -> bool:
         """Follow `candidate` as the main process; True when it is a new launch."""
-        key = (candidate.pid, candidate.create_time)
+        key = ProcessKey(candidate.pid, candidate.create_time)
         with self._lock:
             if key == self.main_key and self.main is not None:
                 return False
@@ -83,7 +92,8 @@ class Server:
         if ":" in host:
             host = f"[{host}]"
         url = f"http://{host}:{port}{self.engine.health_path}"
-        return (Probe(url, self._config.default_probe_timeout, self._config.default_probe_interval),)
+        return (Probe(url=url, timeout=self._config.defaults.probe.timeout,
+                      interval=self._config.defaults.probe.interval),)
 
     def is_running(self) -> bool:
         main = self.main
@@ -184,7 +194,7 @@ class Watcher:
             if roots:
                 claimed.add(roots[0].pid)
                 changed |= server.attach(roots[0])
-        if self.config.discovery:
+        if self.config.discovery.enabled:
             for engine in ENGINES.values():
                 if engine.cmdline is None:
                     continue
@@ -205,10 +215,16 @@ class Watcher:
         with self._lock:
             server = self._servers.get(name)
             if server is None:
-                spec = ServerSpec(engine=engine.name, stall=self.config.default_stall)
+                spec = ServerSpec(engine=engine.name, stall=self.config.defaults.stall)
                 server = self._servers[name] = Server(name, spec, self.config)
                 log.info("discovered %s server %s (pid %d)", engine.name, name, root.pid)
         return server.attach(root)
+
+    def check_liveness(self) -> None:
+        """A main process that is gone ends its phase now, not at the next scrape or discovery pass."""
+        for server in self.servers():
+            if server.main is not None and not server.is_running():
+                server.tracker.process_gone()
 
     def start(self) -> None:
         self.refresh(notify=True)
@@ -219,11 +235,16 @@ class Watcher:
         self._stop.set()
 
     def _loop(self) -> None:
-        while not self._stop.wait(self.config.discovery_interval):
+        interval = self.config.discovery.interval
+        next_refresh = time.monotonic() + interval
+        while not self._stop.wait(min(LIVENESS_SECONDS, interval)):
             try:
-                self.refresh()
+                self.check_liveness()
+                if time.monotonic() >= next_refresh:
+                    next_refresh = time.monotonic() + interval
+                    self.refresh()
             except Exception:
-                log.exception("process discovery failed; retrying in %.0fs", self.config.discovery_interval)
+                log.exception("process discovery failed; retrying in %.0fs", interval)
 
 
 def _default_name(spec: ServerSpec, index: int) -> str:

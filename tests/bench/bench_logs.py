@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import transcripts
 from harness import Exporter
-from stallwatch.config import Config, ServerSpec
+from stallwatch.config import Config, Discovery, ServerSpec
 from stallwatch.logfollow import LogManager
 from stallwatch.servers import Watcher
 
@@ -45,7 +45,7 @@ def ingest(path: Path) -> tuple[float, int, str]:
     """Follow `path` from its start to its end; seconds taken, lines counted, final phase."""
     target = Path(f"{path}.{time.monotonic_ns()}.link")
     spec = ServerSpec(engine="sglang", name="bench", cmdline=re.compile("no-such-process"), logs=(str(target),))
-    watcher = Watcher(Config(servers=(spec,), discovery=False))
+    watcher = Watcher(Config(servers=(spec,), discovery=Discovery(enabled=False)))
     manager = LogManager(watcher, poll_interval=1.0)
     size = path.stat().st_size
     manager.poll()
@@ -57,7 +57,7 @@ def ingest(path: Path) -> tuple[float, int, str]:
         if stats and stats[0].read_bytes >= size:
             break
     elapsed = time.perf_counter() - start
-    return elapsed, stats[0].lines, watcher.servers()[0].tracker.snapshot()[0]
+    return elapsed, stats[0].lines, watcher.servers()[0].tracker.snapshot().phase
 
 
 def main() -> None:

@@ -1,33 +1,40 @@
-"""The root collector: runs each source's collector in isolation and reports on each.
+"""The registered collectors, and the root collector that runs each in isolation and reports on each.
 
-A source whose `collect()` raises contributes nothing to the scrape except
+A collector whose `collect()` raises contributes nothing to the scrape except
 `stallwatch_collector_success{collector="<name>"} 0`; `/metrics` still answers 200.
+Adding a collector: one module with a `COLLECTOR = Registration(...)`, and one line in `REGISTRY`.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Iterator, Mapping
-from typing import Protocol
+from collections.abc import Iterator, Mapping
 
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
-from stallwatch import __version__
+from stallwatch.collectors import build_info, gpu, logs, phase, probe, process, thresholds
+from stallwatch.collectors.base import Context, MetricSource, Registration
+from stallwatch.config import Config
 from stallwatch.metrics import family
 from stallwatch.servers import Watcher
 
 log = logging.getLogger(__name__)
 
-
-class Source(Protocol):
-    def collect(self) -> Iterable[Metric]: ...
+REGISTRY: tuple[Registration, ...] = (
+    gpu.COLLECTOR,
+    process.COLLECTOR,
+    probe.COLLECTOR,
+    logs.COLLECTOR,
+    phase.COLLECTOR,
+    thresholds.COLLECTOR,
+    build_info.COLLECTOR,
+)
 
 
 class StallwatchCollector(Collector):
-    def __init__(self, watcher: Watcher, sources: Mapping[str, Source]) -> None:
-        self.watcher = watcher
+    def __init__(self, sources: Mapping[str, MetricSource]) -> None:
         self.sources = dict(sources)
         self._failing: dict[str, str] = {}
 
@@ -53,10 +60,6 @@ class StallwatchCollector(Collector):
             duration.add_metric([name], time.perf_counter() - start)
         yield success
         yield duration
-        yield from self._thresholds()
-        build = family("build_info")
-        build.add_metric([__version__], 1.0)
-        yield build
 
     def _report(self, name: str, exc: Exception) -> None:
         message = f"{type(exc).__name__}: {exc}"
@@ -66,11 +69,16 @@ class StallwatchCollector(Collector):
             log.error("collector %s failed: %s", name, message, exc_info=exc)
         self._failing[name] = message
 
-    def _thresholds(self) -> Iterator[Metric]:
-        memory = family("stall_gpu_memory_threshold_bytes")
-        stale = family("stall_log_stale_threshold_seconds")
-        for server in self.watcher.servers():
-            memory.add_metric([server.name], server.spec.stall.gpu_memory_bytes)
-            stale.add_metric([server.name], server.spec.stall.log_stale)
-        yield memory
-        yield stale
+
+def build(config: Config, flags: Mapping[str, bool | None]) -> tuple[StallwatchCollector, Context]:
+    """The root collector over every enabled collector, and the context holding the watcher and the
+    background loops to start. `flags` are the `--[no-]collector.<name>` values (None: the config decides)."""
+    context = Context(config, Watcher(config))
+    context.run(context.watcher)
+    sources: dict[str, MetricSource] = {}
+    for registration in REGISTRY:
+        settings = config.collector(registration.name, registration.settings)
+        flag = flags.get(registration.name)
+        if settings.enabled if flag is None else flag:
+            sources[registration.name] = registration.build(context, settings)
+    return StallwatchCollector(sources), context

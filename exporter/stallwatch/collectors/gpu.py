@@ -11,6 +11,8 @@ from typing import Any, TypeVar
 import pynvml
 from prometheus_client.core import Metric
 
+from stallwatch.collectors.base import Registration
+from stallwatch.config import CollectorSettings, positive_duration, setting
 from stallwatch.metrics import family
 from stallwatch.nvml import Nvml, as_str
 from stallwatch.servers import Watcher
@@ -134,3 +136,14 @@ def _optional(read: Callable[[], T]) -> T | None:
         return read()
     except (pynvml.NVMLError_NotSupported, pynvml.NVMLError_FunctionNotFound, pynvml.NVMLError_NoPermission):
         return None
+
+
+@dataclass(frozen=True)
+class GpuSettings(CollectorSettings):
+    sample_interval: float = setting(positive_duration, 1.0)  # how often utilization samples are integrated
+
+
+COLLECTOR = Registration(
+    "gpu", GpuSettings, lambda context, settings: GpuCollector(
+        context.run(Nvml(settings.sample_interval)), context.watcher),
+    "GPU memory, utilization and busy seconds through NVML")

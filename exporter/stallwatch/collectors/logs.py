@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 from prometheus_client.core import Metric
 
+from stallwatch.collectors.base import Registration
+from stallwatch.config import CollectorSettings, positive_duration, setting
 from stallwatch.logfollow import LogManager
 from stallwatch.metrics import family
 from stallwatch.servers import Watcher
@@ -36,3 +39,14 @@ class LogsCollector:
             for event, count in sorted(server.tracker.snapshot().events.items()):
                 events.add_metric([server.name, event], float(count))
         yield from (up, size, read, lines, last, age, events)
+
+
+@dataclass(frozen=True)
+class LogsSettings(CollectorSettings):
+    poll_interval: float = setting(positive_duration, 1.0)  # the floor under inotify wake-ups
+
+
+COLLECTOR = Registration(
+    "logs", LogsSettings, lambda context, settings: LogsCollector(
+        context.run(LogManager(context.watcher, settings.poll_interval)), context.watcher),
+    "log growth, lines and notable events of each server")

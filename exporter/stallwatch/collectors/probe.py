@@ -6,6 +6,8 @@ from collections.abc import Iterator
 
 from prometheus_client.core import Metric
 
+from stallwatch.collectors.base import Context, Registration
+from stallwatch.config import CollectorSettings
 from stallwatch.metrics import family
 from stallwatch.prober import REASONS, ProbeManager
 
@@ -31,3 +33,12 @@ class ProbeCollector:
             if state.last_success is not None:
                 last.add_metric(labels, state.last_success)
         yield from (success, duration, status, last, failures)
+
+
+def _build(context: Context, _: CollectorSettings) -> ProbeCollector:
+    probes = ProbeManager()
+    context.watcher.on_change(probes.reconcile)
+    return ProbeCollector(probes)
+
+
+COLLECTOR = Registration("probe", CollectorSettings, _build, "HTTP health probes of each server, in the background")

@@ -7,6 +7,8 @@ from collections.abc import Iterator
 
 from prometheus_client.core import Metric
 
+from stallwatch.collectors.base import Registration
+from stallwatch.config import CollectorSettings
 from stallwatch.metrics import family
 from stallwatch.proctree import STATES
 from stallwatch.servers import Watcher
@@ -44,3 +46,7 @@ class ProcessCollector:
                 rss.add_metric([server.name, role], float(memory[role]))
                 threads.add_metric([server.name, role], float(thread_count[role]))
         yield from (up, start, states, cpu, rss, threads)
+
+
+COLLECTOR = Registration("process", CollectorSettings, lambda context, _: ProcessCollector(context.watcher),
+                         "each server's process tree by role: CPU, memory, threads, states")

@@ -1,4 +1,5 @@
-"""llama.cpp `llama-server`: strings from ../shared/research/engines.md §5."""
+"""llama.cpp `llama-server`, strings as in ggml-org/llama.cpp `tools/server/server.cpp` and `server-http.cpp`
+(aa6192d3): host 127.0.0.1, port 8080."""
 
 import re
 

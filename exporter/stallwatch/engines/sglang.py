@@ -1,4 +1,6 @@
-"""SGLang (0.4.x to 0.5.x): strings from ../shared/research/engines.md §1."""
+"""SGLang (0.4.x to 0.5.x), strings as in sgl-project/sglang 0.5.23: `python/sglang/srt/utils/common.py`
+(log format), `srt/managers/scheduler.py`, `srt/model_executor/model_runner.py`, `srt/entrypoints/http_server.py`
+(phase lines), `srt/server_args.py` (host 127.0.0.1, port 30000)."""
 
 import re
 

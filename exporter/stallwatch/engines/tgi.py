@@ -1,4 +1,5 @@
-"""Hugging Face text-generation-inference: strings from ../shared/research/engines.md §4."""
+"""Hugging Face text-generation-inference, strings as in huggingface/text-generation-inference (db931fcf):
+`launcher/src/main.rs` (launcher lines, hostname 0.0.0.0, port 3000), `router/src/server.rs`."""
 
 import re
 

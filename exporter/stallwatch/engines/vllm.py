@@ -1,4 +1,6 @@
-"""vLLM (V0 up to 0.33): strings from ../shared/research/engines.md §2."""
+"""vLLM (V0 up to 0.33), strings as in vllm-project/vllm 0.33.0: `vllm/logger.py` (log format),
+`vllm/v1/engine/core.py`, `vllm/v1/worker/gpu_model_runner.py`, `vllm/v1/metrics/loggers.py`,
+`vllm/entrypoints/openai/api_server.py` and `cli_args.py` (all interfaces, port 8000)."""
 
 import re
 

@@ -1,0 +1,53 @@
+"""What a collector registers: its name, its config section and how to build it, as node_exporter's
+`registerCollector` does (`collector/collector.go`). The CLI flags, the config reader and `build()` all
+read the one registration."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Generic, Protocol, TypeVar
+
+from prometheus_client.core import Metric
+
+from stallwatch.config import CollectorSettings, Config
+from stallwatch.servers import Watcher
+
+S = TypeVar("S", bound=CollectorSettings)
+B = TypeVar("B", bound="Background")
+
+
+class MetricSource(Protocol):
+    """A collector: fresh metric families on every call, read from state that background loops keep."""
+
+    def collect(self) -> Iterable[Metric]: ...
+
+
+class Background(Protocol):
+    """A loop that keeps state for collectors (samplers, probes, log followers)."""
+
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+
+@dataclass
+class Context:
+    """What a collector's factory may use: the config, the watched servers, and a place for its loops."""
+
+    config: Config
+    watcher: Watcher
+    background: list[Background] = field(default_factory=list)
+
+    def run(self, part: B) -> B:
+        """Have `part` started with the exporter and stopped at exit."""
+        self.background.append(part)
+        return part
+
+
+@dataclass(frozen=True)
+class Registration(Generic[S]):
+    name: str  # label `collector`, flag `--[no-]collector.<name>`, config section `<name>:`
+    settings: type[S]
+    build: Callable[[Context, S], MetricSource]
+    help: str  # for `--help`

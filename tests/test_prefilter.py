@@ -1,0 +1,69 @@
+"""The literal prefilter compiler: which literals a rule's every match contains, and that the combined
+prefilter and rule regex find exactly the lines the rules match."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from stallwatch.engines import ENGINES, SAFETENSORS_SHARDS, rule
+from stallwatch.prefilter import SHARDS, compile_rules, required_literals, strip_groups
+
+
+@pytest.mark.parametrize(("pattern", "literals"), [
+    (rb"Load weight begin\.", [b"Load weight begin."]),
+    (rb"Shard \d+ crashed|Webserver Crashed", [b"Shard ", b"Webserver Crashed"]),
+    (rb"crashed with exit code -?\d+\. Triggering SIGQUIT", [b"Triggering SIGQUIT"]),
+    (rb"^\d+ \w+", None),
+    (rb"(?i)panic: out of disk", None),
+    (rb"abc|\d+", None),  # one branch without a literal: every line is a candidate
+])
+def test_required_literals(pattern: bytes, literals: list[bytes] | None) -> None:
+    assert required_literals(pattern) == literals
+
+
+@pytest.mark.parametrize(("pattern", "stripped"), [
+    (rb"(a|b) (?:c)", rb"(?:a|b) (?:c)"),
+    (rb"\(literal\) (x)", rb"\(literal\) (?:x)"),
+    (rb"(?i)panic: (\w+)", rb"(?i:panic: (?:\w+))"),
+    (rb"(?P<x>y)", rb"(?P<x>y)"),  # named groups are the engine's own; they stay
+])
+def test_strip_groups(pattern: bytes, stripped: bytes) -> None:
+    assert strip_groups(pattern) == stripped
+
+
+def test_compiled_rules_find_the_same_lines_as_the_rules_one_by_one() -> None:
+    rules = list(ENGINES["sglang"].all_rules())
+    compiled = compile_rules(rules, SAFETENSORS_SHARDS)
+    assert compiled.prefilter is not None
+    lines = [
+        b"[2026-11-20 09:14:13 TP0] Load weight begin. avail mem=78.54 GB",
+        b"Loading safetensors checkpoint shards:  50% Completed | 32/64 [01:02<01:02]",
+        b"[2026-11-20 09:20:00] The server is fired up and ready to roll!",
+        b"[2026-11-20 09:21:00 TP0] Decode batch, #running-req: 3, #token: 120",
+        b"[2026-11-20 09:21:00] nothing to see here",
+        b"Traceback (most recent call last):",
+    ]
+    for line in lines:
+        expected = {f"r{i}" for i, r in enumerate(rules) if r.pattern.search(line)}
+        if SAFETENSORS_SHARDS.search(line):
+            expected.add(SHARDS)
+        found = {m.lastgroup for m in compiled.regex.finditer(line)}
+        assert found == expected, line
+        assert bool(compiled.prefilter.search(line)) >= bool(expected), line  # never misses a match
+
+
+def test_a_rule_without_literals_disables_the_prefilter() -> None:
+    compiled = compile_rules([rule(r"Load weight begin\.", phase="loading_weights"),
+                              rule(r"^\d{3}$", phase="serving")], None)
+    assert compiled.prefilter is None
+    assert compiled.regex.search(b"200")
+
+
+def test_prefilter_is_a_prefix_trie() -> None:
+    compiled = compile_rules([rule("Shard ready in", phase="warming_up"), rule("Shard crashed", event="fatal")],
+                             None)
+    assert compiled.prefilter is not None
+    assert compiled.prefilter.pattern.count(b"Shard") == 1
+    assert re.search(compiled.prefilter, b"x Shard crashed") and not re.search(compiled.prefilter, b"Shard gone")
