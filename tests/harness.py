@@ -92,7 +92,7 @@ class Scrape:
 
 class Exporter:
     def __init__(self, tmp: Path, config: str | None = None, nvml: dict | None = None,
-                 args: tuple[str, ...] = ()) -> None:
+                 args: tuple[str, ...] = (), env: dict[str, str] | None = None) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.nvml = FakeNvml(tmp / "nvml.json", nvml if nvml is not None else {"missing": True})
@@ -102,7 +102,7 @@ class Exporter:
             path.write_text(config)
             cmd.append(f"--config.file={path}")
         env = dict(os.environ, PYTHONPATH=f"{FAKES}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
-                   STALLWATCH_FAKE_NVML=str(self.nvml.path))
+                   STALLWATCH_FAKE_NVML=str(self.nvml.path), **(env or {}))
         self.log = tmp / "exporter.log"
         with open(self.log, "wb") as stderr:
             self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=stderr)

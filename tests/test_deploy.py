@@ -59,6 +59,11 @@ def test_daemonset_is_what_a_gpu_node_needs() -> None:
     assert container["livenessProbe"]["httpGet"]["path"] == "/-/healthy"
     assert container["readinessProbe"]["httpGet"]["path"] == "/-/healthy"
     assert {e["name"] for e in container["env"]} >= {"NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES"}
+    # Containerized servers: pod logs and Docker's directory read-only, other containers' /proc/PID/fd readable
+    # (AppArmor), probes from the node's network namespace.
+    assert pod["hostNetwork"] is True and security["appArmorProfile"] == {"type": "Unconfined"}
+    mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+    assert all(mounts[p]["readOnly"] for p in ("/var/log", "/var/lib/docker/containers"))
 
 
 def test_generated_resources_match_their_sources() -> None:
@@ -105,7 +110,8 @@ def test_systemd_unit_verifies(tmp_path: Path) -> None:
     problems = [line for line in (result.stdout + result.stderr).splitlines() if "stallwatch.service" in line]
     assert result.returncode == 0 and not problems, result.stdout + result.stderr
     for directive in ("DynamicUser=yes", "ProtectSystem=strict", "NoNewPrivileges=yes",
-                      "CapabilityBoundingSet=CAP_SYS_PTRACE CAP_DAC_READ_SEARCH"):
+                      "CapabilityBoundingSet=CAP_SYS_PTRACE CAP_DAC_READ_SEARCH",
+                      "SupplementaryGroups=systemd-journal"):
         assert directive in unit
 
 
@@ -116,6 +122,9 @@ def test_dockerfile_and_compose() -> None:
     compose_path = ROOT / "deploy" / "docker" / "docker-compose.yml"
     compose = yaml.safe_load(compose_path.read_text())
     assert set(compose["services"]) == {"stallwatch", "prometheus", "alertmanager", "grafana"}
+    exporter = compose["services"]["stallwatch"]
+    assert exporter["network_mode"] == "host" and "apparmor:unconfined" in exporter["security_opt"]
+    assert "/var/lib/docker/containers:/var/lib/docker/containers:ro" in exporter["volumes"]
     for service in compose["services"].values():
         for volume in service.get("volumes", []):
             source = volume.split(":")[0]

@@ -16,6 +16,7 @@ import pytest
 
 from conftest import require
 from harness import GIB, Scrape, free_port, gpus
+from stallwatch.collectors import REGISTRY
 from test_docs import documented
 
 
@@ -34,7 +35,7 @@ def test_flags_telemetry_path_and_disabled_collector(exporter) -> None:
     assert status == 200
     scrape = Scrape(body)
     collectors = {s.labels["collector"] for s in scrape.samples("stallwatch_collector_success")}
-    assert collectors == {"process", "probe", "logs", "phase", "thresholds", "build_info"}
+    assert collectors == {r.name for r in REGISTRY} - {"gpu"}
     assert e.get("/metrics")[0] == 404
 
 

@@ -71,7 +71,8 @@ def test_golden_scrape(exporter, engine, tmp_path: Path, request: pytest.Fixture
         f"    match: {{cmdline: 'sglang\\.launch_server .*--port {sim.port}\\b'}}\n"
         "    gpus: [0, 1]\n    stall: {gpu_memory_bytes: 70GB, log_stale: 5m}\n"))
     scrape = e.wait_for(lambda s: settled(s, size) and s, timeout=30, what="the scenario to settle")
-    got = masked(scrape.text, {str(tmp_path): "<tmp>", f":{sim.port}/": ":<port>/"})
+    got = masked(scrape.text, {str(tmp_path): "<tmp>", f":{sim.port}/": ":<port>/",
+                               f'port="{sim.port}"': 'port="<port>"'})
     if request.config.getoption("--update-golden"):
         GOLDEN.parent.mkdir(parents=True, exist_ok=True)
         GOLDEN.write_text(got)

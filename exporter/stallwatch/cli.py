@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import signal
 import sys
 import threading
 from collections.abc import Sequence
 
+import psutil
 from prometheus_client import CollectorRegistry
 
 from stallwatch import __version__
@@ -29,6 +31,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--web.telemetry-path", dest="telemetry_path", default="/metrics",
                         help="path under which to serve metrics (default /metrics)")
     parser.add_argument("--config.file", dest="config_file", help="YAML config file (optional)")
+    parser.add_argument("--path.procfs", dest="procfs", help="procfs mountpoint (default /proc; config paths.procfs)")
+    parser.add_argument("--path.rootfs", dest="rootfs",
+                        help="the node's root filesystem, e.g. /host in a container (default /; config paths.rootfs)")
     parser.add_argument("--log.level", dest="log_level", default="info",
                         choices=("debug", "info", "warn", "error"), help="log level (default info)")
     for registration in REGISTRY:
@@ -53,6 +58,18 @@ def _listen_address(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
+def _with_path_flags(config: Config, args: argparse.Namespace) -> Config:
+    """`--path.*` flags override the config's `paths`; psutil reads processes under the same procfs."""
+    paths = config.paths
+    for flag, key in ((args.procfs, "procfs"), (args.rootfs, "rootfs")):
+        if flag is not None:
+            if not flag.startswith("/"):
+                raise ValueError(f"--path.{key}: expected an absolute path, got {flag!r}")
+            paths = dataclasses.replace(paths, **{key: flag.rstrip("/") or "/"})
+    psutil.PROCFS_PATH = paths.procfs
+    return dataclasses.replace(config, paths=paths)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper().replace("WARN", "WARNING"), stream=sys.stderr,
@@ -66,6 +83,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"{args.file}: OK")
             return 0
         config = config_module.load(args.config_file) if args.config_file else Config()
+        config = _with_path_flags(config, args)
         host, port = _listen_address(args.listen_address)
     except (ConfigError, ValueError) as exc:
         print(f"stallwatch: error: {exc}", file=sys.stderr)

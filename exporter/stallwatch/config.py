@@ -39,7 +39,7 @@ def _string(value: Any) -> str:
     return value
 
 
-def _boolean(value: Any) -> bool:
+def boolean(value: Any) -> bool:
     if not isinstance(value, bool):
         raise ValueError(f"expected true or false, got {value!r}")
     return value
@@ -57,6 +57,26 @@ def _url(value: Any) -> str:
     if not re.match(r"https?://[^/\s]+", text):
         raise ValueError(f"expected an http:// or https:// URL, got {text!r}")
     return text
+
+
+def _absolute_path(value: Any) -> str:
+    text = _string(value)
+    if not text.startswith("/") or "\0" in text:
+        raise ValueError(f"expected an absolute path, got {text!r}")
+    return text
+
+
+@dataclass(frozen=True)
+class Paths:
+    """Where the node's files are, as node_exporter's `--path.procfs`/`--path.rootfs`: a containerized
+    exporter sees the node's root under e.g. `/host`. The log roots are node paths, read under `rootfs`."""
+
+    procfs: str = setting(_absolute_path, "/proc")
+    rootfs: str = setting(_absolute_path, "/")
+    pod_logs: str = setting(_absolute_path, "/var/log/pods")  # kubelet podLogsDir
+    container_logs: str = setting(_absolute_path, "/var/log/containers")  # kubelet's legacy links
+    docker: str = setting(_absolute_path, "/var/lib/docker")  # dockerd data-root
+    journal: str | None = setting(_absolute_path, None)  # a journal directory (`journalctl -D`); None: the system's
 
 
 @dataclass(frozen=True)
@@ -86,7 +106,7 @@ class Defaults:
 
 @dataclass(frozen=True)
 class Discovery:
-    enabled: bool = setting(_boolean, True)  # default: on when no servers are listed
+    enabled: bool = setting(boolean, True)  # default: on when no servers are listed
     interval: float = setting(positive_duration, 10.0)
 
 
@@ -94,7 +114,7 @@ class Discovery:
 class CollectorSettings:
     """A collector's config section; a collector with more keys subclasses it."""
 
-    enabled: bool = setting(_boolean, True)
+    enabled: bool = setting(boolean, True)
 
 
 @dataclass(frozen=True)
@@ -114,6 +134,7 @@ class Config:
     servers: tuple[ServerSpec, ...] = ()
     discovery: Discovery = Discovery()
     defaults: Defaults = Defaults()
+    paths: Paths = Paths()
     collectors: Mapping[str, CollectorSettings] = field(default_factory=dict)  # by collector name
     file: str = field(default="<defaults>", compare=False)
 
@@ -281,7 +302,7 @@ def parse(text: str, file: str = "<config>", sections: Mapping[str, type[Collect
         line = f":{mark.line + 1}" if mark is not None else ""
         problem = getattr(exc, "problem", None) or str(exc)
         raise ConfigError(f"{file}{line}: invalid YAML: {problem}") from None
-    keys = {} if root is None else r.mapping(root, "", {"servers", "discovery", "defaults", *sections})
+    keys = {} if root is None else r.mapping(root, "", {"servers", "discovery", "defaults", "paths", *sections})
     defaults = r.struct(keys.get("defaults"), "defaults", Defaults())
 
     servers: list[ServerSpec] = []
@@ -299,6 +320,7 @@ def parse(text: str, file: str = "<config>", sections: Mapping[str, type[Collect
         servers=tuple(servers),
         discovery=r.struct(keys.get("discovery"), "discovery", Discovery(enabled=not servers)),
         defaults=defaults,
+        paths=r.struct(keys.get("paths"), "paths", Paths()),
         collectors={name: r.struct(keys.get(name), name, settings()) for name, settings in sections.items()},
         file=file,
     )

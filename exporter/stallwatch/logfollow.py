@@ -18,8 +18,10 @@ from dataclasses import dataclass
 from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers import Observer
 
+from stallwatch.logformats import decoder_for
 from stallwatch.phase import PhaseTracker
-from stallwatch.servers import Server, Watcher
+from stallwatch.servers import Watcher
+from stallwatch.workload import LogSource
 
 log = logging.getLogger(__name__)
 
@@ -42,9 +44,14 @@ class LogStats:
 
 
 class LogFile:
-    def __init__(self, server: str, path: str, tracker: PhaseTracker, wall: Callable[[], float] = time.time,
+    """One log file of a server, read from `source.open_path` through the decoder of its format, so that the
+    tracker, bytes and lines see the engine's own output without the runtime's framing."""
+
+    def __init__(self, server: str, source: LogSource, tracker: PhaseTracker, wall: Callable[[], float] = time.time,
                  recover: bool = True, recover_events: bool = False) -> None:
-        self.server, self.path, self.tracker, self._wall = server, path, tracker, wall
+        self.server, self.path, self.tracker, self._wall = server, source.path, tracker, wall
+        self.source = source
+        self._decoder = decoder_for(source.format)
         self._recover = recover
         self._recover_events = recover_events
         self._fd: int | None = None
@@ -62,9 +69,18 @@ class LogFile:
     def stats(self) -> LogStats:
         return LogStats(self.server, self.path, self.up, self.size, self.read_bytes, self.lines, self.last_growth)
 
+    def retarget(self, source: LogSource) -> None:
+        """The same log, now reached another way (a restarted process's `/proc/PID/fd` link)."""
+        if source != self.source:
+            self.source = source
+            self._decoder = decoder_for(source.format)
+
     def poll(self) -> None:
+        if self.source.unavailable:
+            self.mark_down(OSError(errno.ENOTSUP, self.source.unavailable))
+            return
         try:
-            st = os.stat(self.path)
+            st = os.stat(self.source.open_path)
         except OSError as exc:
             self.mark_down(exc)
             if self._fd is not None:
@@ -81,6 +97,7 @@ class LogFile:
             self._offset = 0
             self._partial.clear()
             self._overlong = False
+            self._decoder.reset()
         self.size = size
         if not self._read_to_end(self._fd):
             return
@@ -103,10 +120,15 @@ class LogFile:
             self._flush_partial()
             os.close(self._fd)
             self._fd = None
-        fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        # Non-blocking: a FIFO swapped in after the stat must not block the follower; fstat checks what opened.
+        fd = os.open(self.source.open_path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise OSError(errno.EINVAL, "not a regular file")
         self._fd, self._ident, self._offset = fd, (st.st_dev, st.st_ino), 0
         self._partial.clear()
         self._overlong = False
+        self._decoder.reset()
         if self._recover:
             self._recover = False
             self._replay_tail(fd, os.fstat(fd).st_size)
@@ -114,18 +136,16 @@ class LogFile:
             self.tracker.recovered(st.st_mtime)
 
     def _replay_tail(self, fd: int, size: int) -> None:
-        """Replay an existing file from its last launch marker. Its events count only when the server was
-        launched after the exporter started (found by discovery a little late); otherwise they are old news."""
+        """Replay an existing file from the window (at most a chunk) that holds its last launch marker. Its
+        events count only when the server was launched after the exporter started (found by discovery a little
+        late); otherwise they are old news."""
         floor = max(0, size - RECOVERY_BYTES)
         start, end = floor, size
         while end > floor:
             begin = max(floor, end - CHUNK_BYTES)
             window = os.pread(fd, end - begin + 4096, begin)  # overlap: a marker across two chunks
-            last = None
-            for last in self.tracker.matcher.launch.finditer(window):  # noqa: B007 - the last one is wanted
-                pass
-            if last is not None:
-                start = begin + max(window.rfind(b"\n", 0, last.start()), window.rfind(b"\r", 0, last.start())) + 1
+            if self.tracker.matcher.launch.search(decoder_for(self.source.format).decode(window)):
+                start = begin if begin == floor else begin + window.find(b"\n") + 1  # from a whole record
                 break
             end = begin
         self._offset = start
@@ -134,7 +154,7 @@ class LogFile:
             if not data:
                 break
             self._offset += len(data)
-            self._consume(data, count=self._recover_events)
+            self._consume(self._decoder.decode(data), count=self._recover_events)
         self._flush_partial(count=self._recover_events)
 
     def _read_to_end(self, fd: int) -> bool:
@@ -149,10 +169,11 @@ class LogFile:
                 return True
             self._offset += len(data)
             budget -= len(data)
-            self.read_bytes += len(data)
-            self.lines += data.count(b"\n")
+            text = self._decoder.decode(data)
+            self.read_bytes += len(text)
+            self.lines += text.count(b"\n")
             self.last_growth = self._wall()
-            self._consume(data, count=True)
+            self._consume(text, count=True)
         return True
 
     def _consume(self, data: bytes, count: bool) -> None:
@@ -216,16 +237,18 @@ class LogManager:
 
     def poll(self) -> None:
         servers = self.watcher.servers()
-        wanted = {(s.name, path): s for s in servers for path in _expand(s)}
+        wanted = {(s.name, source.path): (s, source) for s in servers for source in _expand(s.log_sources)}
         with self._lock:
             for key in set(self._files) - set(wanted):
                 self._files.pop(key).close()
-            for key, server in wanted.items():
-                if key not in self._files:
-                    # psutil's create_time rests on a boot time in whole seconds: allow for that.
-                    launched_since = server.main_key is not None and server.main_key.create_time >= self._started - 2.0
-                    self._files[key] = LogFile(server.name, key[1], server.tracker, self._wall,
-                                               recover=os.path.exists(key[1]), recover_events=launched_since)
+            for key, (server, source) in wanted.items():
+                if key in self._files:
+                    self._files[key].retarget(source)
+                    continue
+                # psutil's create_time rests on a boot time in whole seconds: allow for that.
+                launched_since = server.main_key is not None and server.main_key.create_time >= self._started - 2.0
+                self._files[key] = LogFile(server.name, source, server.tracker, self._wall,
+                                           recover=os.path.exists(source.open_path), recover_events=launched_since)
             files = list(self._files.values())
         for f in files:
             try:
@@ -233,8 +256,8 @@ class LogManager:
             except OSError as exc:
                 f.mark_down(exc)
         # The configured paths' directories too: a file that does not exist yet wakes us when it appears.
-        self._watch({os.path.dirname(os.path.abspath(p)) for s in servers for p in s.log_paths}
-                    | {os.path.dirname(os.path.abspath(p)) for _, p in wanted})
+        self._watch({os.path.dirname(os.path.abspath(source.open_path)) for s in servers for source in s.log_sources
+                     if source.open_path and not source.open_path.startswith(self.watcher.config.paths.procfs)})
 
     def _watch(self, directories: set[str]) -> None:
         if self._observer is None:
@@ -277,9 +300,12 @@ class LogManager:
             time.sleep(MIN_POLL_GAP)  # coalesce bursts of inotify events into one read
 
 
-def _expand(server: Server) -> list[str]:
-    paths: list[str] = []
-    for pattern in server.log_paths:
-        matches = sorted(glob.glob(pattern)) if glob.has_magic(pattern) else [pattern]
-        paths += [p for p in matches if p not in paths]
-    return paths
+def _expand(sources: tuple[LogSource, ...]) -> list[LogSource]:
+    """Configured globs become one source per matching file."""
+    out: list[LogSource] = []
+    for source in sources:
+        if source.format == "plain" and glob.has_magic(source.open_path):
+            out += [LogSource(p, p) for p in sorted(glob.glob(source.open_path))]
+        else:
+            out.append(source)
+    return list({s.path: s for s in out}.values())

@@ -74,7 +74,15 @@ CATALOG: dict[str, Family] = {
     "probe_last_success_timestamp_seconds": Family(
         "gauge", "When a probe last succeeded, seconds since the epoch.", PROBE),
     "probe_failures_total": Family(
-        "counter", "Failed probes by reason (refused, timeout, http_status, error).", (*PROBE, "reason")),
+        "counter", "Failed probes by reason (refused, timeout, http_status, error, unreachable).", (*PROBE, "reason")),
+    # Where the server lives
+    "server_info": Family(
+        "gauge", "What the server is and where it runs (runtime kubernetes, docker, systemd or host); always 1.",
+        ("server", "engine", "model", "tensor_parallel", "runtime", "namespace", "pod", "container", "container_id",
+         "unit")),
+    "server_listening": Family(
+        "gauge", "1 when the engine's port has a listening socket in the server's own network namespace.",
+        ("server", "port")),
     # Thresholds
     "stall_gpu_memory_threshold_bytes": Family(
         "gauge", "GPU memory above which the server counts as loaded (config stall.gpu_memory_bytes).",

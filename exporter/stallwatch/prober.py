@@ -1,7 +1,9 @@
 """HTTP probes of each server's health URLs, run by background threads (never inside a scrape).
 
 Like blackbox_exporter's http prober: no redirects followed (3xx fails), at most 64 KiB of the body read,
-and every failure classified as `refused`, `timeout`, `http_status` or `error`.
+and every failure classified as `refused`, `timeout`, `http_status` or `error`. A server that listens on
+loopback only inside another network namespace is probed from inside it (`setns`, opt-in: it needs
+CAP_SYS_ADMIN) or not at all: `unreachable`, with no `probe_success` sample (unknown, not failing).
 """
 
 from __future__ import annotations
@@ -16,13 +18,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-from stallwatch import __version__
-from stallwatch.config import Probe
-from stallwatch.servers import Server
+from stallwatch import __version__, netns
+from stallwatch.servers import ProbeTarget, Server
 
 log = logging.getLogger(__name__)
 
-REASONS = ("refused", "timeout", "http_status", "error")
+REASONS = ("refused", "timeout", "http_status", "error", "unreachable")
 MAX_BODY_BYTES = 64 * 1024
 
 
@@ -78,53 +79,69 @@ class ProbeState:
     last: Result | None = None
     last_success: float | None = None
     failures: Counter[str] = field(default_factory=Counter)
+    unreachable: str = ""  # why the probe cannot be made, when it cannot
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
 
 class _Loop:
-    def __init__(self, state: ProbeState, spec: Probe, server: Server, wall: Callable[[], float]) -> None:
-        self.state, self.spec, self.server, self._wall = state, spec, server, wall
+    def __init__(self, state: ProbeState, target: ProbeTarget, server: Server, procfs: str, enter_netns: bool,
+                 wall: Callable[[], float]) -> None:
+        self.state, self.target, self.server, self._wall = state, target, server, wall
+        self._procfs, self._enter_netns = procfs, enter_netns
         self.stop = threading.Event()
-        threading.Thread(target=self._run, name=f"probe {spec.url}", daemon=True).start()
+        threading.Thread(target=self._run, name=f"probe {target.probe.url}", daemon=True).start()
 
     def _run(self) -> None:
+        spec = self.target.probe
         while not self.stop.is_set():
-            result = probe(self.spec.url, self.spec.timeout)
+            result, unreachable = self._probe_once()
             now = self._wall()
             with self.state.lock:
-                self.state.last = result
-                if result.success:
+                self.state.last, self.state.unreachable = result, unreachable
+                if result is not None and result.success:
                     self.state.last_success = now
                 else:
-                    self.state.failures[result.reason or "error"] += 1
-            if result.success:  # dated when it answered, not at the next scrape
+                    self.state.failures[result.reason or "error" if result else "unreachable"] += 1
+            if result is not None and result.success:  # dated when it answered, not at the next scrape
                 self.server.tracker.probe_succeeded(now)
-            if self.stop.wait(self.spec.interval):
+            if self.stop.wait(spec.interval):
                 return
+
+    def _probe_once(self) -> tuple[Result | None, str]:
+        spec, pid = self.target.probe, self.target.netns_pid
+        if pid is None:
+            return probe(spec.url, spec.timeout), ""
+        if not self._enter_netns:
+            return None, ("listens on loopback only inside its network namespace: start it with --host 0.0.0.0, "
+                          "or set probe.enter_netns (needs CAP_SYS_ADMIN)")
+        try:
+            return netns.run_in_netns(self._procfs, pid, lambda: probe(spec.url, spec.timeout), spec.timeout + 1), ""
+        except OSError as exc:
+            return None, f"cannot enter its network namespace: {exc.strerror or exc}"
 
 
 class ProbeManager:
     """Keeps one probe loop per (server, URL); follows the watcher as servers come and go."""
 
-    def __init__(self, wall: Callable[[], float] = time.time) -> None:
-        self._wall = wall
+    def __init__(self, procfs: str = "/proc", enter_netns: bool = False, wall: Callable[[], float] = time.time) -> None:
+        self._procfs, self._enter_netns, self._wall = procfs, enter_netns, wall
         self._lock = threading.Lock()
         self._loops: dict[tuple[str, str], _Loop] = {}
 
     def reconcile(self, servers: list[Server]) -> None:
-        wanted = {(s.name, p.url): (p, s) for s in servers for p in s.probes}
+        wanted = {(s.name, p.probe.url): (p, s) for s in servers for p in s.probes}
         with self._lock:
             for key in set(self._loops) - set(wanted):
                 self._loops.pop(key).stop.set()
-            for key, (spec, server) in wanted.items():
+            for key, (target, server) in wanted.items():
                 loop = self._loops.get(key)
-                if loop is not None and loop.spec == spec and loop.server is server:
+                if loop is not None and loop.target == target and loop.server is server:
                     continue
                 if loop is not None:
                     loop.stop.set()
                 # Keep the counters when only interval or timeout changed: they must never go back.
                 state = loop.state if loop is not None else ProbeState(*key)
-                self._loops[key] = _Loop(state, spec, server, self._wall)
+                self._loops[key] = _Loop(state, target, server, self._procfs, self._enter_netns, self._wall)
 
     def states(self) -> list[ProbeState]:
         out = []
@@ -133,5 +150,5 @@ class ProbeManager:
         for loop in loops:
             with loop.state.lock:
                 out.append(ProbeState(loop.state.server, loop.state.url, loop.state.last,
-                                      loop.state.last_success, Counter(loop.state.failures)))
+                                      loop.state.last_success, Counter(loop.state.failures), loop.state.unreachable))
         return out

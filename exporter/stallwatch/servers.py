@@ -7,10 +7,9 @@ changes to whoever listens (probes, log followers).
 
 from __future__ import annotations
 
+import ipaddress
 import logging
-import os
 import re
-import stat
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -20,10 +19,12 @@ from urllib.parse import urlsplit
 
 import psutil
 
+from stallwatch import netns
 from stallwatch.config import Config, Probe, ServerSpec
 from stallwatch.engines import ENGINES, Engine
 from stallwatch.phase import PhaseTracker
 from stallwatch.proctree import CpuLedger, ProcSample, sample
+from stallwatch.workload import LogSource, Workload, locate, log_sources, printable
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +37,15 @@ class ProcessKey(NamedTuple):
 
     pid: int
     create_time: float
+
+
+@dataclass(frozen=True)
+class ProbeTarget:
+    """A probe and where it must be made from: `netns_pid` names a process whose network namespace the
+    probe has to enter (the server listens on loopback only inside it); None: from the exporter's own."""
+
+    probe: Probe
+    netns_pid: int | None = None
 
 
 @dataclass(frozen=True)
@@ -57,13 +67,26 @@ class Server:
         self.main: psutil.Process | None = None
         self.main_key: ProcessKey | None = None
         self.argv: tuple[str, ...] = ()
+        self.workload = Workload()
         self.ledger = CpuLedger()
         self._tree: tuple[float, list[ProcSample]] = (float("-inf"), [])
-        self.probes: tuple[Probe, ...] = spec.probes or ()
-        self.log_paths: tuple[str, ...] = spec.logs
+        self.probes: tuple[ProbeTarget, ...] = tuple(ProbeTarget(p) for p in spec.probes or ())
+        self.log_sources: tuple[LogSource, ...] = tuple(LogSource(p, p) for p in spec.logs)
         self.tracker = PhaseTracker(self.engine)
 
-    def attach(self, candidate: Candidate) -> bool:
+    @property
+    def port(self) -> int | None:
+        return self.engine.listen_address(self.argv)[1] if self.argv else None
+
+    @property
+    def model(self) -> str:
+        return printable(self.engine.model(self.argv))
+
+    @property
+    def tensor_parallel(self) -> str:
+        return self.engine.tensor_parallel(self.argv)
+
+    def attach(self, candidate: Candidate, workload: Workload) -> bool:
         """Follow `candidate` as the main process; True when it is a new launch."""
         key = ProcessKey(candidate.pid, candidate.create_time)
         with self._lock:
@@ -75,25 +98,48 @@ class Server:
                 return False
             self.main_key = key
             self.argv = candidate.argv
+            self.workload = workload
             self.ledger = CpuLedger()
             self._tree = (float("-inf"), [])
             if self.spec.probes is None:
                 self.probes = self._derived_probes()
             if not self.spec.logs:
-                self.log_paths = _stdio_files(candidate.pid)
+                self.log_sources = log_sources(self._config.paths, candidate.pid, workload)
         self.tracker.process_started(candidate.create_time)
         return True
 
-    def _derived_probes(self) -> tuple[Probe, ...]:
+    def rederive_probes(self) -> bool:
+        """Re-read where the server listens (its port opens late); True when its probes changed."""
+        if self.spec.probes is not None or not self.is_running():
+            return False
+        with self._lock:
+            probes = self._derived_probes()
+            changed, self.probes = probes != self.probes, probes
+        return changed
+
+    def _derived_probes(self) -> tuple[ProbeTarget, ...]:
+        """The health URL at an address of the server's own: in the exporter's network namespace its loopback,
+        in another one the address its socket is bound to or its own address (containers.md §5: the pod IP is
+        what kubelet probes dial); a loopback-only socket there can only be reached from inside."""
         host, port = self.engine.listen_address(self.argv)
-        if port is None:
+        if port is None or self.main_key is None:
             return ()
-        host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
-        if ":" in host:
-            host = f"[{host}]"
-        url = f"http://{host}:{port}{self.engine.health_path}"
-        return (Probe(url=url, timeout=self._config.defaults.probe.timeout,
-                      interval=self._config.defaults.probe.interval),)
+        pid, procfs = self.main_key.pid, self._config.paths.procfs
+        binds = netns.listening(procfs, pid, port) or [host if _is_ip(host) else "127.0.0.1"]
+        same = netns.same_netns(procfs, pid)
+        if same is None:  # /proc/PID/ns/net needs ptrace rights: go by what runs the server
+            same = self.workload.runtime in ("host", "systemd")
+        own = [] if same else netns.local_addresses(procfs, pid)
+        kind, address = netns.probe_target(binds, own)
+        netns_pid = pid if kind == "loopback_only" and not same else None
+        if kind == "none" or (same and kind == "loopback_only"):
+            address = "127.0.0.1"
+        if kind == "address" and same and address in ("0.0.0.0", "::"):
+            address = "127.0.0.1"
+        url_host = f"[{address}]" if ":" in address else address
+        probe = Probe(url=f"http://{url_host}:{port}{self.engine.health_path}",
+                      timeout=self._config.defaults.probe.timeout, interval=self._config.defaults.probe.interval)
+        return (ProbeTarget(probe, netns_pid),)
 
     def is_running(self) -> bool:
         main = self.main
@@ -131,17 +177,12 @@ class Server:
         return out
 
 
-def _stdio_files(pid: int) -> tuple[str, ...]:
-    """Regular files that the process's stdout and stderr point to."""
-    paths: list[str] = []
-    for fd in (1, 2):
-        try:
-            target = os.readlink(f"/proc/{pid}/fd/{fd}")
-            if stat.S_ISREG(os.stat(target).st_mode) and target not in paths:
-                paths.append(target)
-        except OSError:
-            continue
-    return tuple(paths)
+def _is_ip(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
 
 
 def scan_processes() -> list[Candidate]:
@@ -170,6 +211,7 @@ class Watcher:
         self._listeners: list[Callable[[list[Server]], None]] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._collisions: set[str] = set()
         for index, spec in enumerate(config.servers):
             name = spec.name or _default_name(spec, index)
             self._servers[name] = Server(name, spec, config)
@@ -183,7 +225,8 @@ class Watcher:
         self._listeners.append(listener)
 
     def refresh(self, notify: bool = False) -> None:
-        """Re-scan processes; tell listeners when a server appeared or relaunched (or when `notify`)."""
+        """Re-scan processes; tell listeners when a server appeared, relaunched or moved its port (or when
+        `notify`)."""
         candidates = scan_processes()
         claimed: set[int] = set()
         changed = False
@@ -193,32 +236,61 @@ class Watcher:
             roots = [c for c in _roots(candidates, pattern) if c.pid not in claimed]
             if roots:
                 claimed.add(roots[0].pid)
-                changed |= server.attach(roots[0])
+                changed |= self._attach(server, roots[0])
         if self.config.discovery.enabled:
             for engine in ENGINES.values():
                 if engine.cmdline is None:
                     continue
-                pattern = engine.cmdline
-                for root in _roots(candidates, pattern):
-                    if root.pid in claimed:
-                        continue
-                    claimed.add(root.pid)
-                    changed |= self._discovered(engine, root)
+                for root in _roots(candidates, engine.cmdline):
+                    if root.pid not in claimed:
+                        claimed.add(root.pid)
+                        changed |= self._discovered(engine, root)
+        for server in self.servers():
+            changed |= server.rederive_probes()
         if changed or notify:
             servers = self.servers()
             for listener in self._listeners:
                 listener(servers)
 
+    def _attach(self, server: Server, candidate: Candidate) -> bool:
+        if server.main_key == ProcessKey(candidate.pid, candidate.create_time):
+            return False
+        return server.attach(candidate, locate(self.config.paths, candidate.pid))
+
     def _discovered(self, engine: Engine, root: Candidate) -> bool:
-        _, port = engine.listen_address(root.argv)
-        name = f"{engine.name}-{port}"
+        key = ProcessKey(root.pid, root.create_time)
         with self._lock:
+            following = next((s for s in self._servers.values() if s.main_key == key), None)
+        if following is not None:
+            return False
+        workload = locate(self.config.paths, root.pid)
+        with self._lock:
+            name = self._name(engine, root, workload)
             server = self._servers.get(name)
             if server is None:
                 spec = ServerSpec(engine=engine.name, stall=self.config.defaults.stall)
                 server = self._servers[name] = Server(name, spec, self.config)
-                log.info("discovered %s server %s (pid %d)", engine.name, name, root.pid)
-        return server.attach(root)
+                log.info("discovered %s server %s (pid %d, %s)", engine.name, name, root.pid, workload.runtime)
+        return server.attach(root, workload)
+
+    def _name(self, engine: Engine, root: Candidate, workload: Workload) -> str:
+        """A name unique on the node and stable across restarts of the same workload: a server by that name
+        whose process is gone is the same workload restarted; one whose process lives is another server."""
+        name = printable(workload.name or f"{engine.name}-{engine.listen_address(root.argv)[1]}")
+        if self._taken(name) and workload.pod:
+            name = f"{name}/{workload.container}"  # a second server in one pod
+        base, suffix = name, 1
+        while self._taken(name):
+            suffix += 1
+            name = f"{base}-{suffix}"
+        if suffix > 1 and base not in self._collisions:
+            self._collisions.add(base)
+            log.warning("two servers would be named %s; the later one (pid %d) is %s", base, root.pid, name)
+        return name
+
+    def _taken(self, name: str) -> bool:
+        server = self._servers.get(name)
+        return server is not None and server.is_running()
 
     def check_liveness(self) -> None:
         """A main process that is gone ends its phase now, not at the next scrape or discovery pass."""

@@ -14,7 +14,7 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 from prometheus_client import CollectorRegistry, make_wsgi_app
 
 from stallwatch import __version__
-from stallwatch.servers import Watcher
+from stallwatch.servers import ProbeTarget, Watcher
 
 log = logging.getLogger(__name__)
 
@@ -38,8 +38,8 @@ def make_app(registry: CollectorRegistry, watcher: Watcher, telemetry_path: str)
         rows = "".join(
             f"<tr><td>{html.escape(s.name)}</td><td>{html.escape(s.engine.name)}</td>"
             f"<td>{'up' if s.is_running() else 'down'}</td>"
-            f"<td>{html.escape(', '.join(p.url for p in s.probes))}</td>"
-            f"<td>{html.escape(', '.join(s.log_paths))}</td></tr>"
+            f"<td>{html.escape(', '.join(_probe_text(p) for p in s.probes))}</td>"
+            f"<td>{html.escape(', '.join(source.path for source in s.log_sources))}</td></tr>"
             for s in watcher.servers()
         ) or '<tr><td colspan="5">none yet</td></tr>'
         body = (
@@ -66,6 +66,13 @@ def make_app(registry: CollectorRegistry, watcher: Watcher, telemetry_path: str)
         return [b"Not found.\n"]
 
     return app
+
+
+def _probe_text(target: ProbeTarget) -> str:
+    if target.netns_pid is None:
+        return target.probe.url
+    return (f"{target.probe.url}: listens on loopback only inside its network namespace, so no other address "
+            "reaches it; start it with --host 0.0.0.0, or set probe.enter_netns (needs CAP_SYS_ADMIN)")
 
 
 class _ThreadingServerV6(_ThreadingServer):

@@ -14,7 +14,7 @@ from collections.abc import Iterator, Mapping
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
-from stallwatch.collectors import build_info, gpu, logs, phase, probe, process, thresholds
+from stallwatch.collectors import build_info, gpu, listening, logs, phase, probe, process, server_info, thresholds
 from stallwatch.collectors.base import Context, MetricSource, Registration
 from stallwatch.config import Config
 from stallwatch.metrics import family
@@ -25,6 +25,8 @@ log = logging.getLogger(__name__)
 REGISTRY: tuple[Registration, ...] = (
     gpu.COLLECTOR,
     process.COLLECTOR,
+    server_info.COLLECTOR,
+    listening.COLLECTOR,
     probe.COLLECTOR,
     logs.COLLECTOR,
     phase.COLLECTOR,

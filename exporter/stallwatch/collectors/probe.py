@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 from prometheus_client.core import Metric
 
 from stallwatch.collectors.base import Context, Registration
-from stallwatch.config import CollectorSettings
+from stallwatch.config import CollectorSettings, boolean, setting
 from stallwatch.metrics import family
 from stallwatch.prober import REASONS, ProbeManager
 
@@ -35,10 +36,16 @@ class ProbeCollector:
         yield from (success, duration, status, last, failures)
 
 
-def _build(context: Context, _: CollectorSettings) -> ProbeCollector:
-    probes = ProbeManager()
+@dataclass(frozen=True)
+class ProbeSettings(CollectorSettings):
+    # Probe a server that listens on loopback only in its own network namespace from inside it (setns).
+    enter_netns: bool = setting(boolean, False)
+
+
+def _build(context: Context, settings: ProbeSettings) -> ProbeCollector:
+    probes = ProbeManager(context.config.paths.procfs, settings.enter_netns)
     context.watcher.on_change(probes.reconcile)
     return ProbeCollector(probes)
 
 
-COLLECTOR = Registration("probe", CollectorSettings, _build, "HTTP health probes of each server, in the background")
+COLLECTOR = Registration("probe", ProbeSettings, _build, "HTTP health probes of each server, in the background")

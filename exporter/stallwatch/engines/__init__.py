@@ -69,6 +69,10 @@ class Engine:
     shards: re.Pattern[bytes] | None = None
     port_flags: tuple[str, ...] = ("--port",)
     host_flags: tuple[str, ...] = ("--host",)
+    model_flags: tuple[str, ...] = ()
+    # The sub-command after which the model is the first positional argument (`vllm serve <model>`).
+    model_command: str | None = None
+    tp_flags: tuple[str, ...] = ()
 
     def all_rules(self) -> tuple[Rule, ...]:
         return self.rules + COMMON_RULES
@@ -81,8 +85,21 @@ class Engine:
         """Host and port that the server listens on, from its argv or the engine defaults."""
         host = _flag_value(argv, self.host_flags) or self.default_host
         port_text = _flag_value(argv, self.port_flags)
-        port = int(port_text) if port_text and port_text.isdigit() else self.default_port
-        return host, port
+        port = int(port_text) if port_text and port_text.isascii() and port_text.isdigit() else self.default_port
+        return host, port if port is not None and 0 < port < 65536 else self.default_port
+
+    def model(self, argv: Sequence[str]) -> str:
+        """The model the server was started with, from its flags or `<command> <model>`; "" when unknown."""
+        found = _flag_value(argv, self.model_flags)
+        if found is None and self.model_command in argv:
+            rest = argv[argv.index(self.model_command) + 1:]
+            found = rest[0] if rest and not rest[0].startswith("-") else None
+        return found or ""
+
+    def tensor_parallel(self, argv: Sequence[str]) -> str:
+        """Tensor-parallel size as given on the command line; "" when not given or not a number."""
+        found = _flag_value(argv, self.tp_flags) or ""
+        return found if found.isascii() and found.isdigit() else ""
 
 
 def _flag_value(argv: Sequence[str], flags: Sequence[str]) -> str | None:

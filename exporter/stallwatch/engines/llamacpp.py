@@ -9,6 +9,7 @@ ENGINE = Engine(
     name="llamacpp",
     cmdline=re.compile(r"(?:^|/)llama-server(?:\s|$)"),
     default_port=8080,
+    model_flags=("--model", "-m", "--hf-repo", "-hf"),
     rules=(
         rule(r"^build: \d+", phase="launching"),
         rule(r"main: loading model|load_model: loading model|llama_model_loader: ", phase="loading_weights"),

@@ -12,6 +12,8 @@ ENGINE = Engine(
     default_port=30000,
     role_title=re.compile(r"^sglang::(?P<role>[A-Za-z0-9_]+)"),
     shards=SAFETENSORS_SHARDS,
+    model_flags=("--model-path", "--model"),
+    tp_flags=("--tp-size", "--tensor-parallel-size", "--tp"),
     rules=(
         rule(r"server_args=ServerArgs\(", phase="launching"),
         rule(r"Init parallel begin\.|Init torch distributed begin\.", phase="launching"),
