@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import errno
 import glob
+import itertools
 import logging
 import os
 import stat
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers import Observer
 
+from stallwatch.journal import JournalReader
 from stallwatch.logformats import decoder_for
 from stallwatch.phase import PhaseTracker
 from stallwatch.servers import Watcher
@@ -43,22 +45,11 @@ class LogStats:
     last_growth: float | None
 
 
-class LogFile:
-    """One log file of a server, read from `source.open_path` through the decoder of its format, so that the
-    tracker, bytes and lines see the engine's own output without the runtime's framing."""
+class _Log:
+    """What every kind of log reports: readability, bytes and lines of the engine's output, when it last grew."""
 
-    def __init__(self, server: str, source: LogSource, tracker: PhaseTracker, wall: Callable[[], float] = time.time,
-                 recover: bool = True, recover_events: bool = False) -> None:
-        self.server, self.path, self.tracker, self._wall = server, source.path, tracker, wall
-        self.source = source
-        self._decoder = decoder_for(source.format)
-        self._recover = recover
-        self._recover_events = recover_events
-        self._fd: int | None = None
-        self._ident: tuple[int, int] | None = None
-        self._offset = 0
-        self._partial = bytearray()
-        self._overlong = False
+    def __init__(self, server: str, source: LogSource, tracker: PhaseTracker) -> None:
+        self.server, self.path, self.tracker, self.source = server, source.path, tracker, source
         self._error: str | None = None
         self.up = False
         self.size: int | None = None
@@ -68,6 +59,78 @@ class LogFile:
 
     def stats(self) -> LogStats:
         return LogStats(self.server, self.path, self.up, self.size, self.read_bytes, self.lines, self.last_growth)
+
+    def mark_down(self, exc: OSError) -> None:
+        self.up = False
+        message = f"{type(exc).__name__}: {exc.strerror or exc}"
+        if message != self._error:
+            log.warning("log %s of %s is not readable: %s", self.path, self.server, message)
+            self._error = message
+
+    def mark_up(self) -> None:
+        self.up = True
+        if self._error is not None:
+            log.info("log %s is readable again", self.path)
+            self._error = None
+
+    def retarget(self, source: LogSource) -> None:
+        self.source = source
+
+    def poll(self) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+
+class JournalLog(_Log):
+    """A server's journal entries (a systemd unit, or Docker's journald driver) since its launch. Entries from
+    before the exporter started replay the phase without counting as events, as a recovered file does."""
+
+    def __init__(self, server: str, source: LogSource, tracker: PhaseTracker, since: float, started: float,
+                 directory: str | None) -> None:
+        super().__init__(server, source, tracker)
+        self._started = started
+        self._reader = JournalReader(source.journal_match, since, directory=directory)
+
+    def poll(self) -> None:
+        entries = self._reader.read()
+        if not self._reader.up and not entries:
+            self.mark_down(OSError(errno.EIO, f"journalctl: {self._reader.error or 'not running'}"))
+            return
+        self.mark_up()
+        for new, group in itertools.groupby(entries, key=lambda entry: entry[0] >= self._started):
+            block = [message for _, message in group]
+            data = b"".join(block)
+            if new:
+                self.read_bytes += len(data)
+                self.lines += len(block)
+            self.tracker.feed(data, count_events=new)
+        if entries:
+            self.last_growth = max(self.last_growth or 0.0, entries[-1][0])
+            if self.last_growth < self._started:
+                self.tracker.recovered(self.last_growth)
+
+    def close(self) -> None:
+        self._reader.close()
+
+
+class LogFile(_Log):
+    """One log file of a server, read from `source.open_path` through the decoder of its format, so that the
+    tracker, bytes and lines see the engine's own output without the runtime's framing."""
+
+    def __init__(self, server: str, source: LogSource, tracker: PhaseTracker, wall: Callable[[], float] = time.time,
+                 recover: bool = True, recover_events: bool = False) -> None:
+        super().__init__(server, source, tracker)
+        self._wall = wall
+        self._decoder = decoder_for(source.format)
+        self._recover = recover
+        self._recover_events = recover_events
+        self._fd: int | None = None
+        self._ident: tuple[int, int] | None = None
+        self._offset = 0
+        self._partial = bytearray()
+        self._overlong = False
 
     def retarget(self, source: LogSource) -> None:
         """The same log, now reached another way (a restarted process's `/proc/PID/fd` link)."""
@@ -99,19 +162,8 @@ class LogFile:
             self._overlong = False
             self._decoder.reset()
         self.size = size
-        if not self._read_to_end(self._fd):
-            return
-        self.up = True
-        if self._error is not None:
-            log.info("log %s is readable again", self.path)
-            self._error = None
-
-    def mark_down(self, exc: OSError) -> None:
-        self.up = False
-        message = f"{type(exc).__name__}: {exc.strerror or exc}"
-        if message != self._error:
-            log.warning("log %s of %s is not readable: %s", self.path, self.server, message)
-            self._error = message
+        if self._read_to_end(self._fd):
+            self.mark_up()
 
     def _switch(self, st: os.stat_result) -> None:
         """Open the file now at `path`; the previous one (rotated away) is read to its end first."""
@@ -224,7 +276,7 @@ class LogManager:
         self.poll_interval = poll_interval
         self._wall = wall
         self._lock = threading.Lock()
-        self._files: dict[tuple[str, str], LogFile] = {}
+        self._files: dict[tuple[str, str], _Log] = {}
         self._started = wall()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -245,8 +297,14 @@ class LogManager:
                 if key in self._files:
                     self._files[key].retarget(source)
                     continue
-                # psutil's create_time rests on a boot time in whole seconds: allow for that.
-                launched_since = server.main_key is not None and server.main_key.create_time >= self._started - 2.0
+                launch = server.main_key.create_time if server.main_key is not None else self._wall()
+                if source.format == "journal":
+                    self._files[key] = JournalLog(server.name, source, server.tracker, launch, self._started,
+                                                  self.watcher.config.paths.journal)
+                    continue
+                # Replayed lines are new events only when the process started after us; psutil's create_time
+                # rests on a boot time in whole seconds: allow for that.
+                launched_since = server.main_key is not None and launch >= self._started - 2.0
                 self._files[key] = LogFile(server.name, source, server.tracker, self._wall,
                                            recover=os.path.exists(source.open_path), recover_events=launched_since)
             files = list(self._files.values())

@@ -102,7 +102,8 @@ def log_sources(paths: Paths, pid: int, workload: Workload) -> tuple[LogSource, 
 def _node_file(paths: Paths, node_path: str, fmt: str) -> LogSource:
     resolved = rootfs_path(paths.rootfs, node_path)
     if resolved is None:
-        return LogSource(node_path, format=fmt, unavailable="not found under --path.rootfs (links are resolved inside it)")
+        return LogSource(node_path, format=fmt,
+                         unavailable="not found under --path.rootfs (links are resolved inside it)")
     return LogSource(node_path, resolved, fmt)
 
 
