@@ -184,3 +184,14 @@ def test_rule_without_literal_still_matches() -> None:
     tracker.feed(b"noise\n200 ready\nPanic: disk full\n")
     assert tracker.snapshot().phase == "serving"
     assert tracker.snapshot().events["fatal"] == 1
+
+
+def test_routine_lines_are_skipped_once_serving_but_never_hide_an_event() -> None:
+    tracker = run("sglang", t.sglang_healthy(tp=1))
+    assert tracker.snapshot().phase == "serving"
+    decode = list(t.sglang_decode(3))
+    tracker.feed("".join([*decode, "[broken line without a bracket\n", *decode,
+                          "[2026-11-20 10:00:09 TP0] Scheduler hit an exception: Traceback (most recent call last):\n",
+                          *decode]).encode())
+    snap = tracker.snapshot()
+    assert snap.phase == "failed" and snap.events["fatal"] == 1

@@ -28,6 +28,7 @@ class Matcher:
         self.startup = compile_rules(rules, engine.shards)
         # Only a new launch or a failure leaves `serving`: other phase lines need not be looked at then.
         self.serving = compile_rules([r for r in rules if r.phase in ("launching", "failed") or r.event], None)
+        self.routine_lines = engine.routine_lines
         launch = [strip_groups(r.pattern.pattern) for r in rules if r.phase == "launching"]
         self.launch = re.compile(b"|".join(launch) or b"(?!)", re.MULTILINE)
 
@@ -68,6 +69,8 @@ class PhaseTracker:
         if b"\x1b" in block:
             block = ANSI.sub(b"", block)
         with self._lock:
+            if self.phase == "serving" and self.matcher.routine_lines is not None:
+                block = self.matcher.routine_lines.sub(b"", block)
             pos, size = 0, len(block)
             while pos < size:
                 compiled = self.matcher.serving if self.phase == "serving" else self.matcher.startup

@@ -1,7 +1,8 @@
 """Log ingest speed and memory, side by side with Debian's mtail.
 
 1. A 1,000,000-line SGLang decode log: lines/s of stallwatch's follower and phase-and-event matcher
-   (all rules of the engine) against `mtail --one_shot` counting the same file's lines with one regex.
+   (all rules of the engine) against `mtail --one_shot` counting the same file's lines with one regex;
+   then the same log as a Kubernetes container writes it (containerd's CRI format), both side by side.
 2. RSS growth of a process ingesting a 1 GB log.
 3. CPU of the running exporter following a log that grows at 10 MB/s.
 
@@ -29,6 +30,7 @@ from harness import Exporter
 from stallwatch.config import Config, Discovery, ServerSpec
 from stallwatch.logfollow import LogManager
 from stallwatch.servers import Watcher
+from stallwatch.workload import LogSource
 
 MTAIL_PROGRAM = 'counter decode_lines\n/Decode batch, #running-req: (\\d+)/ {\n  decode_lines++\n}\n'
 
@@ -41,13 +43,22 @@ def write_log(path: Path, lines: int) -> int:
     return path.stat().st_size
 
 
-def ingest(path: Path) -> tuple[float, int, str]:
-    """Follow `path` from its start to its end; seconds taken, lines counted, final phase."""
+def write_cri(plain: Path, path: Path) -> None:
+    """`plain` as containerd writes a container's stdout: `<RFC3339Nano> stdout F <line>` per line."""
+    with open(plain, "rb") as src, open(path, "wb") as out:
+        for n, line in enumerate(src):
+            out.write(b"2026-11-29T10:%02d:%02d.%09dZ stdout F " % (n // 60000 % 60, n // 1000 % 60, n) + line)
+
+
+def ingest(path: Path, fmt: str = "plain", text_size: int | None = None) -> tuple[float, int, str]:
+    """Follow `path` (in format `fmt`, whose engine text is `text_size` bytes) from its start to its end;
+    seconds taken, lines counted, final phase."""
     target = Path(f"{path}.{time.monotonic_ns()}.link")
     spec = ServerSpec(engine="sglang", name="bench", cmdline=re.compile("no-such-process"), logs=(str(target),))
     watcher = Watcher(Config(servers=(spec,), discovery=Discovery(enabled=False)))
+    watcher.servers()[0].log_sources = (LogSource(str(target), str(target), fmt),)
     manager = LogManager(watcher, poll_interval=1.0)
-    size = path.stat().st_size
+    size = text_size if text_size is not None else path.stat().st_size
     manager.poll()
     os.symlink(path, target)  # appears after the follower started: read from its start, like a new log
     start = time.perf_counter()
@@ -95,6 +106,19 @@ def run(args: argparse.Namespace, tmp: Path) -> None:
     print(f"mtail --one_shot: {mtail_seconds:.2f} s, {lines / mtail_seconds:,.0f} lines/s (one regex; "
           f"{counted[0] if counted else 'no count'})")
     print(f"ratio (stallwatch lines/s / mtail lines/s): {mtail_seconds / ours_seconds:.1f}  (target >= 3)")
+
+    cri = tmp / "decode-cri.log"
+    write_cri(log, cri)
+    cri_seconds, cri_lines, cri_phase = ingest(cri, "cri", size)
+    print(f"stallwatch, CRI format ({cri.stat().st_size / 1e6:.0f} MB): {cri_seconds:.2f} s, "
+          f"{cri_lines / cri_seconds:,.0f} lines/s (phase {cri_phase})")
+    start = time.perf_counter()
+    subprocess.run([mtail, "--one_shot", "--one_shot_format", "prometheus", "--progs", str(progs), "--logs", str(cri)],
+                   capture_output=True, check=True)
+    mtail_cri = time.perf_counter() - start
+    print(f"mtail --one_shot, CRI format: {mtail_cri:.2f} s, {lines / mtail_cri:,.0f} lines/s")
+    print(f"ratio, CRI format: {mtail_cri / cri_seconds:.1f}  (target >= 3)")
+    cri.unlink()
 
     big = tmp / "big.log"
     with open(big, "wb") as f:

@@ -67,6 +67,9 @@ class Engine:
     role_title: re.Pattern[str] | None = None
     rules: tuple[Rule, ...] = ()
     shards: re.Pattern[bytes] | None = None
+    # Whole lines, each preceded by its `\n`, that a busy server prints by the thousand and that can carry no
+    # event: skipped in bulk once serving, so the prefilter does not scan them byte by byte.
+    routine_lines: re.Pattern[bytes] | None = None
     port_flags: tuple[str, ...] = ("--port",)
     host_flags: tuple[str, ...] = ("--host",)
     model_flags: tuple[str, ...] = ()

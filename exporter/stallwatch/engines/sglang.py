@@ -12,6 +12,8 @@ ENGINE = Engine(
     default_port=30000,
     role_title=re.compile(r"^sglang::(?P<role>[A-Za-z0-9_]+)"),
     shards=SAFETENSORS_SHARDS,
+    # `[time TPn] Prefill batch, ...` / `Decode batch, ...` (srt/managers/scheduler_components/metrics_reporter.py)
+    routine_lines=re.compile(rb"\n\[[^\]\n]*\] (?:Prefill|Decode) batch[,.][^\n]*"),
     model_flags=("--model-path", "--model"),
     tp_flags=("--tp-size", "--tensor-parallel-size", "--tp"),
     rules=(
