@@ -45,9 +45,12 @@ def panels() -> list[dict[str, Any]]:
     timeline["fieldConfig"]["defaults"].update({"mappings": phase_mappings, "color": {"mode": "thresholds"}})
     return [
         timeline,
-        panel("Firing stallwatch alerts", "table", 0, 6, 24, 5, [target(
+        panel("Firing stallwatch alerts", "table", 0, 6, 12, 5, [target(
             f'ALERTS{{alertstate="firing", alertname=~"InferenceServer.*|Stallwatch.*", {INST}}}', "",
             instant=True)], description="Alerts from rules/stallwatch.rules.yml firing now."),
+        panel("Servers", "table", 12, 6, 12, 5, [target(f"stallwatch_server_info{{{SEL}}}", "", instant=True)],
+              description="What each server is (engine, model, TP) and where it runs (runtime, namespace/pod, "
+                          "container, unit)."),
         panel("GPU memory held by the server", "timeseries", 0, 11, 12, 8, [
             target(f"stallwatch_server_gpu_memory_used_bytes{{{SEL}}}", "{{server}} GPU {{gpu}}"),
             target(f"max by (instance) (stallwatch_gpu_memory_total_bytes{{{INST}}})", "GPU total", "B"),
@@ -74,9 +77,12 @@ def panels() -> list[dict[str, Any]]:
             target(f"stallwatch_weight_shards_loaded{{{SEL}}}", "{{server}} loaded"),
             target(f"stallwatch_weight_shards_expected{{{SEL}}}", "{{server}} expected", "B"),
         ], description="Safetensors shards loaded in the current launch."),
-        panel("Health probe", "timeseries", 0, 35, 12, 8, [
+        panel("Health probe and port", "timeseries", 0, 35, 12, 8, [
             target(f"stallwatch_probe_success{{{SEL}}}", "{{server}} {{url}}"),
-        ], description="1 when the last probe of the URL succeeded.", options={"legend": {"showLegend": True}}),
+            target(f"stallwatch_server_listening{{{SEL}}}", "{{server}} port {{port}} listening", "B"),
+        ], description="1 when the last probe of the URL succeeded; 1 when the engine's port listens in the "
+                       "server's own network namespace (0: it never opened).",
+              options={"legend": {"showLegend": True}}),
         panel("Probe duration", "timeseries", 12, 35, 12, 8, [
             target(f"stallwatch_probe_duration_seconds{{{SEL}}}", "{{server}} {{url}}"),
         ], unit="s"),

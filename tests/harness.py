@@ -150,7 +150,7 @@ class Engine:
 
     def __init__(self, tmp: Path, engine: str, transcript: str, final: str = "stall", tp: int = 8,
                  port: int | None = None, burn_child_seconds: float = 0.0, load_http: str = "refuse",
-                 line_delay: float = 0.0, log_name: str | None = None) -> None:
+                 line_delay: float = 0.0, log_name: str | None = None, prefix: list[str] | None = None) -> None:
         self.port = port or free_port()
         self.log = tmp / (log_name or f"{engine}-{self.port}.log")
         transcript_path = tmp / f"{engine}-{self.port}.transcript"
@@ -162,7 +162,8 @@ class Engine:
         }))
         env = dict(os.environ, ENGINESIM_SCENARIO=str(scenario),
                    PYTHONPATH=f"{SIM_PKGS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
-        cmd = [*ENGINE_COMMANDS[engine], "--port", str(self.port), "--tp", str(tp)]
+        # `prefix` runs it elsewhere, e.g. `ip netns exec NAME` (which execs: the pid stays the engine's).
+        cmd = [*(prefix or []), *ENGINE_COMMANDS[engine], "--port", str(self.port), "--tp", str(tp)]
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT,
                                          start_new_session=True)

@@ -17,7 +17,7 @@ import pytest
 
 import transcripts as t
 from harness import SIM_BIN, SIM_PKGS, Scrape, free_port
-from sandbox import DockerContainer, Pod, SystemdUnit, require_root
+from sandbox import DockerContainer, Netns, Pod, SystemdUnit, require_root
 
 
 @pytest.fixture
@@ -180,3 +180,24 @@ def test_server_on_loopback_only_inside_its_pod(exporter, tmp_path: Path, stack:
         assert "--host 0.0.0.0" in e.get("/")[1]
     assert scrape.value("stallwatch_server_listening", server="llm/lo-0", port="30000") == 1
     assert pod.address not in url
+
+
+def test_names_never_merge_two_servers(exporter, engine, tmp_path: Path, stack: contextlib.ExitStack) -> None:
+    """Two servers in one pod get `<namespace>/<pod>/<container>`; two bare processes on one port (each in its
+    own network namespace, unknown to any runtime) get `<engine>-<port>` and `<engine>-<port>-2`, one warning."""
+    first = stack.enter_context(Pod(tmp_path, "sglang", t.sglang_until_shards(tp=1, shards=8), namespace="llm",
+                                    pod="duo-0", container="main", final="stall", tp=1, port=free_port()))
+    second = stack.enter_context(Pod(tmp_path, "sglang", t.sglang_until_shards(tp=1, shards=4), namespace="llm",
+                                     pod="duo-0", container="draft", final="stall", tp=1, port=free_port()))
+    port = free_port()
+    bare = [stack.enter_context(Netns()) for _ in range(2)]
+    sims = [engine("sglang", t.sglang_until_shards(tp=1, shards=8), final="stall", tp=1, port=port,
+                   log_name=f"bare-{i}.log", prefix=ns.exec_prefix()) for i, ns in enumerate(bare)]
+    e = start(exporter, tmp_path)
+    names = {"llm/duo-0", "llm/duo-0/draft", f"sglang-{port}", f"sglang-{port}-2"}
+    scrape = e.wait_for(lambda s: names <= {ls["server"] for ls in s.labelsets("stallwatch_server_up")} and s,
+                        timeout=30, what="four servers, none merged")
+    assert {info(scrape, n)["container"] for n in ("llm/duo-0", "llm/duo-0/draft")} == {"main", "draft"}
+    assert all(scrape.value("stallwatch_server_up", server=n) == 1 for n in names)
+    assert e.log.read_text().count(f"two servers would be named sglang-{port}") == 1
+    assert len({first.container_id, second.container_id}) == 2 and len(sims) == 2

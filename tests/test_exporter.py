@@ -269,3 +269,17 @@ def test_promtool_check_metrics_on_live_scrape(exporter, engine, tmp_path: Path)
     # What a live scrape emits is documented (the catalog test covers the converse).
     emitted = {line.split()[2] for line in scrape.text.splitlines() if line.startswith("# TYPE ")}
     assert emitted - documented() == set()
+
+
+def test_phase_changes_are_dated_at_the_event_not_at_the_next_scrape(exporter, engine) -> None:
+    from transcripts import sglang_until_shards
+
+    sim = engine("sglang", sglang_until_shards(tp=1, shards=8), final="stall", tp=1)
+    e = exporter(config="discovery: {enabled: true, interval: 1s}\nlogs: {poll_interval: 0.2s}\n")
+    e.wait_for(lambda s: s.value("stallwatch_startup_phase", server=sim.name, phase="loading_weights") == 1)
+    sim.stop()
+    gone = time.time()
+    time.sleep(4)  # no scrape meanwhile: the watcher's liveness check alone must see the process go
+    scrape = e.scrape()
+    assert scrape.value("stallwatch_startup_phase", server=sim.name, phase="stopped") == 1
+    assert gone - 0.5 <= scrape.value("stallwatch_startup_phase_start_timestamp_seconds", server=sim.name) <= gone + 2
