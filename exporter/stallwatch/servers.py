@@ -68,6 +68,7 @@ class Server:
         self.main_key: ProcessKey | None = None
         self.argv: tuple[str, ...] = ()
         self.workload = Workload()
+        self.listening: tuple[str, ...] | None = None  # addresses with a LISTEN socket on its port; None: unknown
         self.ledger = CpuLedger()
         self._tree: tuple[float, list[ProcSample]] = (float("-inf"), [])
         self.probes: tuple[ProbeTarget, ...] = tuple(ProbeTarget(p) for p in spec.probes or ())
@@ -101,6 +102,7 @@ class Server:
             self.workload = workload
             self.ledger = CpuLedger()
             self._tree = (float("-inf"), [])
+            self.listening = self._read_listening()
             if self.spec.probes is None:
                 self.probes = self._derived_probes()
             if not self.spec.logs:
@@ -108,14 +110,24 @@ class Server:
         self.tracker.process_started(candidate.create_time)
         return True
 
-    def rederive_probes(self) -> bool:
-        """Re-read where the server listens (its port opens late); True when its probes changed."""
-        if self.spec.probes is not None or not self.is_running():
-            return False
+    def refresh_network(self) -> bool:
+        """Re-read the sockets of the server's network namespace (its port opens late): whether its port
+        listens, and where to probe it. Reading `/proc/PID/net/tcp` walks the kernel's socket tables (ms on a
+        big host), so this runs in the discovery loop, not in a scrape. True when its probes changed."""
         with self._lock:
+            self.listening = self._read_listening() if self.is_running() else None
+            if self.spec.probes is not None or self.listening is None:
+                return False
             probes = self._derived_probes()
             changed, self.probes = probes != self.probes, probes
         return changed
+
+    def _read_listening(self) -> tuple[str, ...] | None:
+        port = self.port
+        if port is None or self.main_key is None:
+            return None
+        found = netns.listening(self._config.paths.procfs, self.main_key.pid, port)
+        return None if found is None else tuple(found)
 
     def _derived_probes(self) -> tuple[ProbeTarget, ...]:
         """The health URL at an address of the server's own: in the exporter's network namespace its loopback,
@@ -125,7 +137,7 @@ class Server:
         if port is None or self.main_key is None:
             return ()
         pid, procfs = self.main_key.pid, self._config.paths.procfs
-        binds = netns.listening(procfs, pid, port) or [host if _is_ip(host) else "127.0.0.1"]
+        binds = list(self.listening or ()) or [host if _is_ip(host) else "127.0.0.1"]
         same = netns.same_netns(procfs, pid)
         if same is None:  # /proc/PID/ns/net needs ptrace rights: go by what runs the server
             same = self.workload.runtime in ("host", "systemd")
@@ -246,7 +258,7 @@ class Watcher:
                         claimed.add(root.pid)
                         changed |= self._discovered(engine, root)
         for server in self.servers():
-            changed |= server.rederive_probes()
+            changed |= server.refresh_network()
         if changed or notify:
             servers = self.servers()
             for listener in self._listeners:
