@@ -97,3 +97,23 @@ def test_a_pod_log_link_out_of_the_rootfs_is_not_followed(tmp_path: Path) -> Non
     os.symlink("/etc/shadow", log)
     (source,) = log_sources(paths, 4242, locate(paths, 4242))
     assert source.open_path == "" and "not found under --path.rootfs" in source.unavailable
+
+
+def test_labels_that_are_not_utf8_are_escaped_never_fatal() -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.core import GaugeMetricFamily
+
+    from stallwatch.collectors import StallwatchCollector
+
+    class Hostile:
+        def collect(self) -> list[GaugeMetricFamily]:
+            family = GaugeMetricFamily("stallwatch_server_info", "x", labels=["server", "pod"])
+            family.add_metric(["llm/caf\udce9", "caf\udce9"], 1.0)  # b"caf\xe9" decoded with surrogateescape
+            family.add_metric(["llm/ok", "ok"], 1.0)
+            return [family]
+
+    registry = CollectorRegistry()
+    registry.register(StallwatchCollector({"hostile": Hostile()}))
+    text = generate_latest(registry).decode()
+    assert 'stallwatch_server_info{pod="caf\\\\xe9",server="llm/caf\\\\xe9"} 1.0' in text
+    assert 'stallwatch_collector_success{collector="hostile"} 1.0' in text

@@ -19,6 +19,7 @@ from stallwatch.collectors.base import Context, MetricSource, Registration
 from stallwatch.config import Config
 from stallwatch.metrics import family
 from stallwatch.servers import Watcher
+from stallwatch.workload import printable
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +58,7 @@ class StallwatchCollector(Collector):
             else:
                 if self._failing.pop(name, None) is not None:
                     log.info("collector %s recovered", name)
-            yield from (m for m in metrics if m.samples)
+            yield from (_printable(m) for m in metrics if m.samples)
             success.add_metric([name], 1.0 if ok else 0.0)
             duration.add_metric([name], time.perf_counter() - start)
         yield success
@@ -70,6 +71,16 @@ class StallwatchCollector(Collector):
         else:
             log.error("collector %s failed: %s", name, message, exc_info=exc)
         self._failing[name] = message
+
+
+def _printable(metric: Metric) -> Metric:
+    """Label values come from other processes (titles, paths, pod and container names): bytes that are not
+    UTF-8 arrive surrogate-escaped and would fail the exposition's encoding, turning the scrape into a 500."""
+    for i, sample in enumerate(metric.samples):
+        if not all(value.isascii() for value in sample.labels.values()):
+            labels = {key: printable(value) for key, value in sample.labels.items()}
+            metric.samples[i] = sample._replace(labels=labels)
+    return metric
 
 
 def build(config: Config, flags: Mapping[str, bool | None]) -> tuple[StallwatchCollector, Context]:
