@@ -74,7 +74,10 @@ def test_two_pods_on_one_port_are_two_servers_with_their_own_logs_and_phases(exp
     assert scrape.value("stallwatch_server_listening", server="llm/qwen-0", port="30000") == 1
     refused = f"http://{stalled.address}:30000/health"
     assert scrape.value("stallwatch_probe_success", server="llm/kimi-0", url=refused) == 0
-    assert not [s for s in scrape.samples("stallwatch_server_up") if s.labels["server"].startswith("sglang-")]
+    # Each pod's process is watched once, under its pod's name (never merged as `sglang-30000`).
+    by_container = {ls["container_id"]: ls["server"] for ls in scrape.labelsets("stallwatch_server_info")}
+    assert {by_container.get(stalled.container_id), by_container.get(healthy.container_id)} == {
+        "llm/kimi-0", "llm/qwen-0"}
 
 
 def test_kubelet_rotation_and_container_restart(exporter, tmp_path: Path, stack: contextlib.ExitStack) -> None:

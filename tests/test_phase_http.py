@@ -71,7 +71,9 @@ def test_probe_success_means_serving_without_a_readable_log(exporter, engine, tm
                         f"    match: {{cmdline: 'api_server.*{sim.port}'}}\n"
                         f"    logs: ['{tmp_path}/missing.log']\n"
                         f"    probes: [{{url: 'http://127.0.0.1:{sim.port}/health', interval: 1s}}]\n")
-    scrape = e.wait_for(lambda s: phase_of(s, "blind") == "serving" and s, what="serving from the probe")
+    # The first probe can answer before the log follower's first pass: wait for both.
+    scrape = e.wait_for(lambda s: phase_of(s, "blind") == "serving" and s.value("stallwatch_log_up", server="blind")
+                        is not None and s, what="serving from the probe")
     assert scrape.value("stallwatch_log_up", server="blind", path=f"{tmp_path}/missing.log") == 0
 
 

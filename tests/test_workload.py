@@ -68,7 +68,7 @@ def test_log_sources_follow_the_workload(tmp_path: Path) -> None:
     paths = tree(tmp_path, f"0::/kubepods.slice/kubepods-pod{U_}.slice/cri-containerd-{CID}.scope\n")
     pod = locate(paths, 4242)
     (source,) = log_sources(paths, 4242, pod)
-    assert source == LogSource(pod.pod_log, f"{paths.rootfs}{pod.pod_log}", "cri")
+    assert source == LogSource(pod.pod_log, f"{paths.rootfs}{pod.pod_log}", "cri", via="node")
 
     docker_paths = tree(tmp_path / "d", f"0::/docker/{CID}\n")
     (source,) = log_sources(docker_paths, 4242, locate(docker_paths, 4242))
@@ -87,7 +87,7 @@ def test_a_regular_stdout_file_wins_and_is_read_through_its_fd_link(tmp_path: Pa
     paths = tree(tmp_path, f"0::/kubepods.slice/kubepods-pod{U_}.slice/cri-containerd-{CID}.scope\n",
                  stdout=str(log))
     (source,) = log_sources(paths, 4242, locate(paths, 4242))
-    assert source == LogSource(str(log), f"{paths.procfs}/4242/fd/1", "plain")
+    assert source == LogSource(str(log), f"{paths.procfs}/4242/fd/1", "plain", via="fd")
 
 
 def test_a_pod_log_link_out_of_the_rootfs_is_not_followed(tmp_path: Path) -> None:

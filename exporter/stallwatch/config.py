@@ -9,19 +9,29 @@ The exporter runs without any file: `Config()` is the default (auto-discovery of
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
+import stat
 import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 import yaml
 
-from stallwatch.engines import ENGINES, EVENTS, PHASES, Rule, rule
+from stallwatch.engines import ENGINES, EVENTS, PHASES, Rule
 from stallwatch.units import parse_duration, parse_size
 
 T = TypeVar("T")
 S = TypeVar("S", bound="CollectorSettings")
+
+MAX_FILE_BYTES = 1 << 20  # a config is a few KiB; a big one would take minutes and GiBs through PyYAML
+MAX_DEPTH = 16  # the schema nests 5 deep; deeper is a mistake, and PyYAML's composer recurses per level
+MAX_REGEX_CHARS = 4096
+# The tags the safe loader resolves implicitly; explicit others (`!foo`, `!!binary`, `!!python/...`) are refused.
+_CORE_TAGS = frozenset(f"tag:yaml.org,2002:{name}" for name in (
+    "str", "int", "float", "bool", "null", "timestamp", "merge", "value", "map", "seq"))
 
 
 class ConfigError(Exception):
@@ -36,7 +46,18 @@ def setting(convert: Callable[[Any], Any], default: Any) -> Any:
 def _string(value: Any) -> str:
     if not isinstance(value, str) or not value:
         raise ValueError(f"expected a non-empty string, got {value!r}")
+    try:
+        value.encode("utf-8")  # a `"\ud800"` escape gives a lone surrogate, which no label or path can carry
+    except UnicodeEncodeError:
+        raise ValueError(f"expected valid Unicode text, got {value!r}") from None
     return value
+
+
+def _log_path(value: Any) -> str:
+    text = _string(value)
+    if "\0" in text:  # the OS refuses it at every open, which would stop every server's logs
+        raise ValueError(f"expected a path without NUL bytes, got {text!r}")
+    return text
 
 
 def boolean(value: Any) -> bool:
@@ -56,6 +77,9 @@ def _url(value: Any) -> str:
     text = _string(value)
     if not re.match(r"https?://[^/\s]+", text):
         raise ValueError(f"expected an http:// or https:// URL, got {text!r}")
+    port = urlsplit(text).port  # raises ValueError for a port that is not 0-65535: refused here, not in a probe
+    if port == 0 or not text.isascii():
+        raise ValueError(f"expected an ASCII URL with a port from 1 to 65535, got {text!r}")
     return text
 
 
@@ -108,6 +132,9 @@ class Defaults:
 class Discovery:
     enabled: bool = setting(boolean, True)  # default: on when no servers are listed
     interval: float = setting(positive_duration, 10.0)
+    # How long a discovered server whose process is gone stays (server_up 0 can still alert) before its
+    # threads and series are dropped; a configured server is never dropped.
+    forget_after: float = setting(positive_duration, 3600.0)
 
 
 @dataclass(frozen=True)
@@ -159,9 +186,9 @@ class _Reader:
             raise self.fail(node, path, f"expected a mapping, got {_kind(node)}")
         out: dict[str, yaml.Node] = {}
         for key_node, value_node in node.value:
-            key = key_node.value
+            key = key_node.value if isinstance(key_node, yaml.ScalarNode) else f"<{_kind(key_node)}>"
             key_path = f"{path}.{key}" if path else key
-            if not isinstance(key_node, yaml.ScalarNode) or key not in allowed:
+            if key not in allowed:
                 raise self.fail(key_node, key_path, f"unknown key; expected one of {', '.join(sorted(allowed))}")
             if key in out:
                 raise self.fail(key_node, key_path, "duplicate key")
@@ -176,10 +203,9 @@ class _Reader:
     def scalar(self, node: yaml.Node, path: str, convert: Callable[[Any], T]) -> T:
         if not isinstance(node, yaml.ScalarNode):
             raise self.fail(node, path, f"expected a single value, got {_kind(node)}")
-        value = yaml.safe_load(yaml.serialize(node))
         try:
-            return convert(value)
-        except (ValueError, TypeError, re.error) as exc:
+            return convert(yaml.safe_load(yaml.serialize(node)))
+        except (ValueError, TypeError, re.error, yaml.YAMLError) as exc:  # YAML: a bad timestamp or base64
             raise self.fail(node, path, str(exc)) from None
 
     def struct(self, node: yaml.Node | None, path: str, base: T, required: tuple[str, ...] = ()) -> T:
@@ -206,15 +232,53 @@ def _kind(node: yaml.Node) -> str:
         return "a mapping"
     if isinstance(node, yaml.SequenceNode):
         return "a list"
-    return f"{node.value!r}"
+    return f"{node.value[:80]!r}"
+
+
+def _check_tree(r: _Reader, root: yaml.Node) -> None:
+    """Refuse what the schema never needs and PyYAML would choke on later: explicit tags (`!foo`,
+    `!!python/...`, `!!binary`) and nesting deeper than MAX_DEPTH. Iterative, and each node once: an alias
+    shares its node, so a billion-laughs file stays as cheap as its size."""
+    seen: set[int] = set()
+    stack = [(root, 0, "")]
+    while stack:
+        node, depth, path = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if node.tag not in _CORE_TAGS:
+            raise r.fail(node, path or "<root>", f"unsupported tag {node.tag[:80]!r}")
+        if depth > MAX_DEPTH:
+            raise r.fail(node, path or "<root>", f"nested deeper than {MAX_DEPTH} levels")
+        if isinstance(node, yaml.SequenceNode):
+            stack += [(item, depth + 1, f"{path}[{i}]") for i, item in enumerate(node.value)]
+        elif isinstance(node, yaml.MappingNode):
+            for key, value in node.value:
+                name = key.value if isinstance(key, yaml.ScalarNode) else "<key>"
+                stack += [(key, depth + 1, path), (value, depth + 1, f"{path}.{name}" if path else name)]
+
+
+def _compiled(text: str, pattern: str | bytes) -> re.Pattern[Any]:
+    if len(text) > MAX_REGEX_CHARS:
+        raise ValueError(f"regular expression longer than {MAX_REGEX_CHARS} characters")
+    try:
+        return re.compile(pattern, re.MULTILINE if isinstance(pattern, bytes) else 0)
+    # OverflowError: a repeat count too big; RecursionError: thousands of nested groups.
+    except (re.error, OverflowError, RecursionError, ValueError) as exc:
+        raise ValueError(f"invalid regular expression {text[:80]!r}: {exc}") from None
 
 
 def _regex(value: Any) -> re.Pattern[str]:
+    """A pattern on command lines (text)."""
     text = _string(value)
-    try:
-        return re.compile(text)
-    except re.error as exc:
-        raise ValueError(f"invalid regular expression {text!r}: {exc}") from None
+    return _compiled(text, text)
+
+
+def _log_regex(value: Any) -> re.Pattern[bytes]:
+    """A pattern on log lines, which are bytes: compiled as the engines' rules are, so `(?u)` or `\\N{...}`,
+    valid as text only, are refused here rather than failing later."""
+    text = _string(value)
+    return _compiled(text, text.encode())
 
 
 def _choice(options: tuple[str, ...]) -> Callable[[Any], str]:
@@ -250,7 +314,8 @@ def _items(r: _Reader, node: yaml.Node, path: str, read: Callable[[yaml.Node, st
 
 
 def _rule_list(r: _Reader, node: yaml.Node, path: str, **meaning: str) -> list[Rule]:
-    return [rule(pattern.pattern, **meaning) for pattern in _items(r, node, path, lambda n, p: r.scalar(n, p, _regex))]
+    patterns = _items(r, node, path, lambda n, p: r.scalar(n, p, _log_regex))
+    return [Rule(pattern, **meaning) for pattern in patterns]
 
 
 def _server(r: _Reader, node: yaml.Node, path: str, defaults: Defaults) -> ServerSpec:
@@ -275,7 +340,7 @@ def _server(r: _Reader, node: yaml.Node, path: str, defaults: Defaults) -> Serve
         engine=engine,
         name=r.scalar(keys["name"], f"{path}.name", _string) if "name" in keys else None,
         cmdline=cmdline,
-        logs=_items(r, keys["logs"], f"{path}.logs", lambda n, p: r.scalar(n, p, _string)) if "logs" in keys else (),
+        logs=_items(r, keys["logs"], f"{path}.logs", lambda n, p: r.scalar(n, p, _log_path)) if "logs" in keys else (),
         probes=_items(r, keys["probes"], f"{path}.probes", lambda n, p: r.struct(n, p, probe, required=("url",)))
         if "probes" in keys
         else None,
@@ -295,6 +360,8 @@ def parse(text: str, file: str = "<config>", sections: Mapping[str, type[Collect
     """The config in `text`; `sections` maps each collector's name to its settings class (default: all)."""
     sections = _collector_sections() if sections is None else sections
     r = _Reader(file)
+    if len(text) > MAX_FILE_BYTES:
+        raise ConfigError(f"{file}: larger than {MAX_FILE_BYTES} bytes")
     try:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.YAMLError as exc:
@@ -302,6 +369,10 @@ def parse(text: str, file: str = "<config>", sections: Mapping[str, type[Collect
         line = f":{mark.line + 1}" if mark is not None else ""
         problem = getattr(exc, "problem", None) or str(exc)
         raise ConfigError(f"{file}{line}: invalid YAML: {problem}") from None
+    except RecursionError:  # PyYAML's composer recurses once per nesting level
+        raise ConfigError(f"{file}: nested deeper than {MAX_DEPTH} levels") from None
+    if root is not None:
+        _check_tree(r, root)
     keys = {} if root is None else r.mapping(root, "", {"servers", "discovery", "defaults", "paths", *sections})
     defaults = r.struct(keys.get("defaults"), "defaults", Defaults())
 
@@ -328,8 +399,25 @@ def parse(text: str, file: str = "<config>", sections: Mapping[str, type[Collect
 
 def load(path: str) -> Config:
     try:
-        with open(path, encoding="utf-8") as handle:
-            text = handle.read()
-    except (OSError, UnicodeDecodeError) as exc:
+        data = _read_regular(path)
+        text = data.decode("utf-8")
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise ConfigError(f"{path}: cannot read config file: {exc}") from None
     return parse(text, file=path)
+
+
+def _read_regular(path: str) -> bytes:
+    """The file's bytes, at most MAX_FILE_BYTES of them. Opened non-blocking and checked to be a regular file
+    before any read: a FIFO would block the exporter's start (or `check-config`) for good."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError("not a regular file")
+        os.set_blocking(fd, True)
+        with os.fdopen(os.dup(fd), "rb") as handle:
+            data = handle.read(MAX_FILE_BYTES + 1)
+    finally:
+        os.close(fd)
+    if len(data) > MAX_FILE_BYTES:
+        raise ValueError(f"larger than {MAX_FILE_BYTES} bytes")
+    return data

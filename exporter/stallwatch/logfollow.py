@@ -60,9 +60,9 @@ class _Log:
     def stats(self) -> LogStats:
         return LogStats(self.server, self.path, self.up, self.size, self.read_bytes, self.lines, self.last_growth)
 
-    def mark_down(self, exc: OSError) -> None:
+    def mark_down(self, exc: Exception) -> None:
         self.up = False
-        message = f"{type(exc).__name__}: {exc.strerror or exc}"
+        message = f"{type(exc).__name__}: {getattr(exc, 'strerror', None) or exc}"
         if message != self._error:
             log.warning("log %s of %s is not readable: %s", self.path, self.server, message)
             self._error = message
@@ -172,11 +172,7 @@ class LogFile(_Log):
             self._flush_partial()
             os.close(self._fd)
             self._fd = None
-        # Non-blocking: a FIFO swapped in after the stat must not block the follower; fstat checks what opened.
-        fd = os.open(self.source.open_path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            os.close(fd)
-            raise OSError(errno.EINVAL, "not a regular file")
+        fd = open_log(self.source)
         self._fd, self._ident, self._offset = fd, (st.st_dev, st.st_ino), 0
         self._partial.clear()
         self._overlong = False
@@ -260,6 +256,45 @@ class LogFile(_Log):
             self._fd = None
 
 
+# include/uapi/asm-generic/fcntl.h: how a process holds a file, as `/proc/PID/fdinfo/N` prints `flags` (octal).
+_O_ACCMODE, _O_RDONLY, _O_PATH = 0o3, 0o0, 0o10000000
+
+
+def open_log(source: LogSource) -> int:
+    """A read-only descriptor of the regular file `source` names, opened once, checked before any byte is read.
+
+    Non-blocking: a FIFO swapped in after the follower's stat must not block it (fstat then refuses it). A `node`
+    file is opened without following a symlink; a process's `fd` link only while that process holds the file
+    open for writing, so that an `O_PATH` descriptor of a file its owner cannot read (`/etc/shadow`) is not
+    re-opened by the exporter with root's rights."""
+    nofollow = os.O_NOFOLLOW if source.via == "node" else 0
+    fd = os.open(source.open_path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | nofollow)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(errno.EINVAL, "not a regular file")
+        if source.via == "fd":
+            _check_writer(source.open_path, st)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _check_writer(link: str, opened: os.stat_result) -> None:
+    """Raise unless the process behind `<procfs>/PID/fd/N` holds what we opened, open for writing. Checked after
+    our open: a descriptor swapped in before it shows here, one swapped after it is not what we opened."""
+    fd_dir, number = os.path.split(link)
+    with open(os.path.join(os.path.dirname(fd_dir), "fdinfo", number), "rb") as info:
+        fields = dict(line.partition(b":")[::2] for line in info.read(4096).splitlines())
+    flags = int(fields.get(b"flags", b"0").strip() or b"0", 8)
+    if flags & _O_PATH or flags & _O_ACCMODE == _O_RDONLY:
+        raise PermissionError(errno.EACCES, "the process does not hold it open for writing")
+    now = os.stat(link)
+    if (now.st_dev, now.st_ino) != (opened.st_dev, opened.st_ino):
+        raise OSError(errno.EAGAIN, "the process's descriptor changed while it was opened")
+
+
 class _Wake(FileSystemEventHandler):
     def __init__(self, event: threading.Event) -> None:
         self.event = event
@@ -271,10 +306,15 @@ class _Wake(FileSystemEventHandler):
 class LogManager:
     """Follows every watched server's log files from one thread, woken by inotify or the poll interval."""
 
-    def __init__(self, watcher: Watcher, poll_interval: float, wall: Callable[[], float] = time.time) -> None:
+    def __init__(self, watcher: Watcher, poll_interval: float, wall: Callable[[], float] = time.time,
+                 stale_after: float | None = None) -> None:
         self.watcher = watcher
         self.poll_interval = poll_interval
         self._wall = wall
+        # A pass takes milliseconds (reads are budgeted per file): one this late means the loop is stuck.
+        self.stale_after = stale_after if stale_after is not None else max(60.0, 10 * poll_interval)
+        self._thread: threading.Thread | None = None
+        self._heartbeat = time.monotonic()  # when the loop last finished a pass
         self._lock = threading.Lock()
         self._files: dict[tuple[str, str], _Log] = {}
         self._started = wall()
@@ -286,6 +326,17 @@ class LogManager:
     def stats(self) -> list[LogStats]:
         with self._lock:
             return [f.stats() for f in self._files.values()]
+
+    def check(self) -> None:
+        """Raise when the follower loop has died or has not finished a pass for `stale_after` seconds, so that
+        the logs collector fails (`collector_success 0`) instead of exporting frozen figures as fresh."""
+        if self._thread is None or self._stop.is_set():
+            return
+        if not self._thread.is_alive():
+            raise RuntimeError("the log follower thread has ended")
+        age = time.monotonic() - self._heartbeat
+        if age > self.stale_after:
+            raise RuntimeError(f"the log follower has not finished a pass for {age:.0f}s")
 
     def poll(self) -> None:
         servers = self.watcher.servers()
@@ -311,7 +362,7 @@ class LogManager:
         for f in files:
             try:
                 f.poll()
-            except OSError as exc:
+            except Exception as exc:  # whatever one file does (OSError, a NUL in its path) is that file's log_up 0
                 f.mark_down(exc)
         # The configured paths' directories too: a file that does not exist yet wakes us when it appears.
         self._watch({os.path.dirname(os.path.abspath(source.open_path)) for s in servers for source in s.log_sources
@@ -323,7 +374,7 @@ class LogManager:
         for directory in directories - set(self._watched):
             try:
                 self._watched[directory] = self._observer.schedule(_Wake(self._wake), directory, recursive=False)
-            except OSError as exc:  # missing directory or inotify limits: polling still covers it
+            except (OSError, ValueError) as exc:  # missing directory, inotify limits, a NUL: polling covers it
                 log.debug("no inotify watch on %s: %s", directory, exc)
                 self._watched[directory] = None
         for directory in set(self._watched) - directories:
@@ -339,7 +390,9 @@ class LogManager:
             self._observer = observer
         except OSError as exc:
             log.warning("inotify unavailable (%s); polling logs every %.1fs", exc, self.poll_interval)
-        threading.Thread(target=self._loop, name="logs", daemon=True).start()
+        self._heartbeat = time.monotonic()
+        self._thread = threading.Thread(target=self._loop, name="logs", daemon=True)
+        self._thread.start()
 
     def stop(self) -> None:
         self._stop.set()
@@ -351,6 +404,7 @@ class LogManager:
         while not self._stop.is_set():
             try:
                 self.poll()
+                self._heartbeat = time.monotonic()
             except Exception:
                 log.exception("log follower failed")
             self._wake.wait(self.poll_interval)

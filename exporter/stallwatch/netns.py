@@ -31,6 +31,7 @@ __all__ = [
     "PROBE_THREAD_PREFIX",
     "TCP_LISTEN",
     "Socket",
+    "listeners",
     "listening",
     "local_addresses",
     "netns_inode",
@@ -38,6 +39,7 @@ __all__ = [
     "probe_target",
     "run_in_netns",
     "same_netns",
+    "socket_inodes",
 ]
 
 T = TypeVar("T")
@@ -54,6 +56,7 @@ _HEXFLAGS = re.compile(r"[0-9A-Fa-f]{1,8}")
 _SLOT = re.compile(r"[0-9]+:")
 _INODE = re.compile(r"[0-9]{1,20}")
 _PID = re.compile(r"[0-9]{1,10}|self|thread-self")
+_SOCKET_LINK = re.compile(r"socket:\[([0-9]{1,20})\]")
 
 PROBE_THREAD_PREFIX = "stallwatch-netns-probe"
 
@@ -134,37 +137,63 @@ def _text(line: bytes) -> str:
     return line.decode("ascii", "replace")
 
 
-def _listeners(path: str, ipv6: bool, port: int) -> list[str] | None:
-    """Addresses of LISTEN rows on `port` in one table (streamed: busy servers have huge tables), None if unreadable."""
+def _listeners(path: str, ipv6: bool, port: int) -> list[Socket] | None:
+    """LISTEN rows on `port` in one table (streamed: busy servers have huge tables), None if unreadable."""
     try:
         with open(path, "rb") as table:
             rows = (_parse_line(_text(line), ipv6) for line in table)
-            return [s.address for s in rows if s is not None and s.state == TCP_LISTEN and s.port == port]
+            return [s for s in rows if s is not None and s.state == TCP_LISTEN and s.port == port]
     except (OSError, ValueError):
         return None
 
 
-def listening(procfs: str, pid: int, port: int) -> list[str] | None:
-    """Local addresses with a LISTEN socket on `port` in `pid`'s network namespace.
+def listeners(procfs: str, pid: int, port: int) -> list[Socket] | None:
+    """The LISTEN sockets on `port` in `pid`'s network namespace, IPv4 table first.
 
-    IPv4 table first, duplicates dropped (SO_REUSEPORT workers). `[]` when nothing listens (TIME_WAIT and
-    ESTABLISHED rows on the port do not count); None when neither `tcp` nor `tcp6` can be read (the
-    process is gone, or procfs hides it).
+    `[]` when nothing listens (TIME_WAIT and ESTABLISHED rows on the port do not count); None when neither
+    `tcp` nor `tcp6` can be read (the process is gone, or procfs hides it).
     """
     base = _pid_dir(procfs, pid)
     if base is None:
         return None
-    found: list[str] = []
-    readable = False
-    for name, ipv6 in (("tcp", False), ("tcp6", True)):
-        addresses = _listeners(os.path.join(base, "net", name), ipv6, port)
-        if addresses is None:
+    tables = [_listeners(os.path.join(base, "net", name), ipv6, port) for name, ipv6 in (("tcp", False),
+                                                                                         ("tcp6", True))]
+    if all(table is None for table in tables):
+        return None
+    return [s for table in tables for s in table or ()]
+
+
+def listening(procfs: str, pid: int, port: int) -> list[str] | None:
+    """Local addresses with a LISTEN socket on `port` in `pid`'s network namespace (see `listeners`),
+    duplicates dropped (SO_REUSEPORT workers)."""
+    found = listeners(procfs, pid, port)
+    return None if found is None else list(dict.fromkeys(s.address for s in found))
+
+
+def socket_inodes(procfs: str, pids: Iterable[int]) -> set[int]:
+    """Inodes of the sockets that `pids` hold open, from their `/proc/PID/fd/N` links (`socket:[INODE]`).
+
+    Reading another user's fd links needs the ptrace-read check (root or CAP_SYS_PTRACE): a process that
+    cannot be read contributes nothing, so a socket is only ever credited to a process seen holding it.
+    """
+    found: set[int] = set()
+    for pid in pids:
+        base = _pid_dir(procfs, pid)
+        if base is None:
             continue
-        readable = True
-        for address in addresses:
-            if address not in found:
-                found.append(address)
-    return found if readable else None
+        fd_dir = os.path.join(base, "fd")
+        try:
+            names = os.listdir(fd_dir)
+        except (OSError, ValueError):
+            continue
+        for name in names:
+            try:
+                match = _SOCKET_LINK.fullmatch(os.readlink(os.path.join(fd_dir, name)))
+            except (OSError, ValueError):
+                continue
+            if match:
+                found.add(int(match.group(1)))
+    return found
 
 
 def _read_lines(path: str) -> Iterable[str]:

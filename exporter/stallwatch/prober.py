@@ -8,8 +8,10 @@ CAP_SYS_ADMIN) or not at all: `unreachable`, with no `probe_success` sample (unk
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import logging
+import socket
 import ssl
 import threading
 import time
@@ -35,16 +37,41 @@ class Result:
     reason: str | None  # one of REASONS when not successful
 
 
-def probe(url: str, timeout: float) -> Result:
+def _connection(url: str, timeout: float) -> tuple[http.client.HTTPConnection, str]:
+    """The connection and request path for `url`; ValueError for a URL that names no usable host or port."""
     parts = urlsplit(url)
     path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-    start = time.monotonic()
-    connection: http.client.HTTPConnection
+    if not parts.hostname or parts.scheme not in ("http", "https"):
+        raise ValueError(f"not an http(s) URL with a host: {url!r}")
     if parts.scheme == "https":
-        connection = http.client.HTTPSConnection(parts.hostname or "", parts.port,
-                                                 timeout=timeout, context=ssl.create_default_context())
-    else:
-        connection = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=timeout)
+        return http.client.HTTPSConnection(parts.hostname, parts.port, timeout=timeout,
+                                           context=ssl.create_default_context()), path
+    return http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout), path
+
+
+def _abort(connection: http.client.HTTPConnection, expired: threading.Event) -> None:
+    """At the deadline: shut the socket down, so that whatever read is blocked returns at once."""
+    expired.set()
+    sock = connection.sock
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
+
+
+def probe(url: str, timeout: float) -> Result:
+    """One GET of `url` within one deadline of `timeout` seconds for the whole request (connect, TLS, headers
+    and body): the socket timeout alone applies per read, so a target that trickles a byte a second would
+    hold the probe for as long as it likes."""
+    start = time.monotonic()
+    try:
+        connection, path = _connection(url, timeout)
+    except ValueError as exc:  # a bad port in a configured URL: this probe fails, its thread goes on
+        log.debug("probe of %s not made: %s", url, exc)
+        return Result(False, 0.0, 0, "error")
+    expired = threading.Event()
+    deadline = threading.Timer(timeout, _abort, (connection, expired))
+    deadline.daemon = True
+    deadline.start()
     status = 0
     try:
         connection.request("GET", path, headers={"User-Agent": f"stallwatch/{__version__}", "Accept": "*/*"})
@@ -65,10 +92,11 @@ def probe(url: str, timeout: float) -> Result:
         log.debug("probe of %s failed: %s", url, exc)
         reason = "error"
     finally:
+        deadline.cancel()
         connection.close()
     duration = time.monotonic() - start
-    if duration > timeout and reason is None:
-        reason = "timeout"  # a server that trickles its answer past the deadline
+    if expired.is_set() or (duration > timeout and reason is None):
+        reason = "timeout"  # cut at the deadline, or a server that trickled its answer past it
     return Result(reason is None, duration, status, reason)
 
 
@@ -109,11 +137,14 @@ class _Loop:
 
     def _probe_once(self) -> tuple[Result | None, str]:
         spec, pid = self.target.probe, self.target.netns_pid
-        if pid is None:
-            return probe(spec.url, spec.timeout), ""
-        if not self._enter_netns:
+        if pid is not None and not self._enter_netns:
             return None, ("listens on loopback only inside its network namespace: start it with --host 0.0.0.0, "
                           "or set probe.enter_netns (needs CAP_SYS_ADMIN)")
+        if self.target.derived and not self.server.own_listeners():
+            # Nothing of the server listens on its port: what a connect would say, without sending one.
+            return Result(False, 0.0, 0, "refused"), ""
+        if pid is None:
+            return probe(spec.url, spec.timeout), ""
         try:
             return netns.run_in_netns(self._procfs, pid, lambda: probe(spec.url, spec.timeout), spec.timeout + 1), ""
         except OSError as exc:

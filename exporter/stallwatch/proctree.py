@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -21,6 +22,10 @@ _STATE_LETTER = {
     psutil.STATUS_PARKED: "I",
 }
 _PID_SUFFIX = re.compile(r"[:_-]\d+$")
+# Roles per server: titles are chosen by the server's children, so a child that renames itself in a loop would
+# otherwise add series without end. Past the cap, new roles share OTHER_ROLE.
+MAX_ROLES = 64
+OTHER_ROLE = "other"
 
 
 @dataclass(frozen=True)
@@ -85,6 +90,17 @@ class CpuLedger:
 
     credited: dict[str, list[float]] = field(default_factory=lambda: defaultdict(lambda: [0.0, 0.0]))
     live: dict[tuple[int, float], _Live] = field(default_factory=dict)
+    roles: set[str] = field(default_factory=set)  # the roles given a series of their own, first come
+
+    def cap(self, samples: list[ProcSample]) -> list[ProcSample]:
+        """`samples` with every role past the first MAX_ROLES seen renamed OTHER_ROLE. A role keeps its place
+        once given (its CPU counter lives on after its processes exit), so the set only grows to the cap."""
+        out = []
+        for s in samples:
+            if s.role not in self.roles and len(self.roles) < MAX_ROLES:
+                self.roles.add(s.role)
+            out.append(s if s.role in self.roles else dataclasses.replace(s, role=OTHER_ROLE))
+        return out
 
     def update(self, samples: list[ProcSample]) -> dict[str, tuple[float, float]]:
         current: dict[tuple[int, float], _Live] = {}

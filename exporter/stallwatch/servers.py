@@ -46,6 +46,9 @@ class ProbeTarget:
 
     probe: Probe
     netns_pid: int | None = None
+    # Derived from the server's command line: made only while its own tree holds a LISTEN socket on the
+    # port, so that a `--port` in another user's argv never makes the exporter probe someone else's port.
+    derived: bool = False
 
 
 @dataclass(frozen=True)
@@ -129,29 +132,48 @@ class Server:
         found = netns.listening(self._config.paths.procfs, self.main_key.pid, port)
         return None if found is None else tuple(found)
 
+    def own_listeners(self) -> list[netns.Socket]:
+        """The LISTEN sockets on the server's port that its own process tree holds (socket inodes of its
+        network namespace's table matched against the tree's `/proc/PID/fd` links): `[]` when nothing of the
+        server listens there, whatever else does."""
+        port, main = self.port, self.main
+        if port is None or main is None or self.main_key is None or not self.is_running():
+            return []
+        procfs = self._config.paths.procfs
+        sockets = netns.listeners(procfs, self.main_key.pid, port)
+        if not sockets:
+            return []
+        try:
+            pids = [main.pid, *(child.pid for child in main.children(recursive=True))]
+        except psutil.Error:
+            pids = [main.pid]
+        held = netns.socket_inodes(procfs, pids)
+        return [s for s in sockets if s.inode in held]
+
     def _derived_probes(self) -> tuple[ProbeTarget, ...]:
-        """The health URL at an address of the server's own: in the exporter's network namespace its loopback,
-        in another one the address its socket is bound to or its own address (containers.md §5: the pod IP is
-        what kubelet probes dial); a loopback-only socket there can only be reached from inside."""
+        """The health URL at an address of the server's own: in the exporter's network namespace its loopback
+        (or the loopback address it binds), in another one the address its socket is bound to or its own
+        address (containers.md §5: the pod IP is what kubelet probes dial); a loopback-only socket there can
+        only be reached from inside. Of the command line only the port is used, and an IP `--host` as the
+        guess of the bind until the server listens: never a name or a path."""
         host, port = self.engine.listen_address(self.argv)
         if port is None or self.main_key is None:
             return ()
         pid, procfs = self.main_key.pid, self._config.paths.procfs
-        binds = list(self.listening or ()) or [host if _is_ip(host) else "127.0.0.1"]
+        owned = [s.address for s in self.own_listeners()] if self.listening else []
+        binds = list(dict.fromkeys(owned)) or [host if _is_ip(host) else "127.0.0.1"]
         same = netns.same_netns(procfs, pid)
         if same is None:  # /proc/PID/ns/net needs ptrace rights: go by what runs the server
             same = self.workload.runtime in ("host", "systemd")
         own = [] if same else netns.local_addresses(procfs, pid)
         kind, address = netns.probe_target(binds, own)
         netns_pid = pid if kind == "loopback_only" and not same else None
-        if kind == "none" or (same and kind == "loopback_only"):
-            address = "127.0.0.1"
-        if kind == "address" and same and address in ("0.0.0.0", "::"):
+        if kind == "none" or (same and address in ("0.0.0.0", "::")):
             address = "127.0.0.1"
         url_host = f"[{address}]" if ":" in address else address
         probe = Probe(url=f"http://{url_host}:{port}{self.engine.health_path}",
                       timeout=self._config.defaults.probe.timeout, interval=self._config.defaults.probe.interval)
-        return (ProbeTarget(probe, netns_pid),)
+        return (ProbeTarget(probe, netns_pid, derived=True),)
 
     def is_running(self) -> bool:
         main = self.main
@@ -186,7 +208,7 @@ class Server:
         title = self.engine.role_title
         out = [s for s in [sample(main, "main", title)] if s is not None]
         out += [s for s in (sample(child, None, title) for child in children) if s is not None]
-        return out
+        return self.ledger.cap(out)
 
 
 def _is_ip(text: str) -> bool:
@@ -216,8 +238,10 @@ def _roots(candidates: Iterable[Candidate], pattern: re.Pattern[str]) -> list[Ca
 
 
 class Watcher:
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config
+        self._clock = clock
+        self._gone: dict[str, float] = {}  # discovered servers whose process is gone: since when (clock)
         self._lock = threading.Lock()
         self._servers: dict[str, Server] = {}
         self._listeners: list[Callable[[list[Server]], None]] = []
@@ -228,6 +252,7 @@ class Watcher:
             name = spec.name or _default_name(spec, index)
             self._servers[name] = Server(name, spec, config)
         self._configured = list(self._servers.values())
+        self._configured_names = set(self._servers)
 
     def servers(self) -> list[Server]:
         with self._lock:
@@ -259,10 +284,29 @@ class Watcher:
                         changed |= self._discovered(engine, root)
         for server in self.servers():
             changed |= server.refresh_network()
+        changed |= self._forget_gone()
         if changed or notify:
             servers = self.servers()
             for listener in self._listeners:
                 listener(servers)
+
+    def _forget_gone(self) -> bool:
+        """Drop discovered servers whose process has been gone for `discovery.forget_after`, so that short-lived
+        processes with new ports do not add threads and series for good; the listeners, told of the change, drop
+        their probes and log followers. True when one was dropped. Configured servers stay."""
+        now, grace = self._clock(), self.config.discovery.forget_after
+        dropped = False
+        with self._lock:
+            for name, server in list(self._servers.items()):
+                if name in self._configured_names or server.is_running():
+                    self._gone.pop(name, None)
+                    continue
+                since = self._gone.setdefault(name, now)
+                if now - since >= grace:
+                    del self._servers[name], self._gone[name]
+                    dropped = True
+                    log.info("forgot server %s: its process has been gone for %.0fs", name, now - since)
+        return dropped
 
     def _attach(self, server: Server, candidate: Candidate) -> bool:
         if server.main_key == ProcessKey(candidate.pid, candidate.create_time):

@@ -33,13 +33,18 @@ def printable(text: str) -> str:
 @dataclass(frozen=True)
 class LogSource:
     """One log of a server. `path` is its label: the node's path of the file, the path the process sees, or
-    `journal:<unit>`. `open_path` is where the exporter reads it (under `--path.rootfs`, or a `/proc` link)."""
+    `journal:<unit>`. `open_path` is where the exporter reads it (under `--path.rootfs`, or a `/proc` link).
+    `via` says how far the exporter, root, may trust `open_path`: `path` from the admin's config (symlinks
+    followed), `fd` a process's `/proc/PID/fd/N` (read only while the process holds it open for writing), `node`
+    a file found through a process (never through a symlink: one swapped in after discovery could name any
+    file)."""
 
     path: str
     open_path: str = ""
     format: str = "plain"  # plain | cri | docker | journal
     journal_match: str = ""  # with format journal: `FIELD=value`
     unavailable: str = ""  # why it cannot be read, when it cannot
+    via: str = "path"  # path | fd | node
 
 
 @dataclass(frozen=True)
@@ -104,7 +109,7 @@ def _node_file(paths: Paths, node_path: str, fmt: str) -> LogSource:
     if resolved is None:
         return LogSource(node_path, format=fmt,
                          unavailable="not found under --path.rootfs (links are resolved inside it)")
-    return LogSource(node_path, resolved, fmt)
+    return LogSource(node_path, resolved, fmt, via="node")
 
 
 def _docker_log(paths: Paths, docker: DockerContainer) -> LogSource:
@@ -134,7 +139,7 @@ def _stdio_files(procfs: str, pid: int) -> tuple[LogSource, ...]:
             continue
         if stat.S_ISREG(st.st_mode) and (st.st_dev, st.st_ino) not in seen:
             seen.add((st.st_dev, st.st_ino))
-            out.append(LogSource(printable(target.removesuffix(" (deleted)")), link))
+            out.append(LogSource(printable(target.removesuffix(" (deleted)")), link, via="fd"))
     return tuple(out)
 
 

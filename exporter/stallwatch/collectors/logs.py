@@ -23,6 +23,7 @@ class LogsCollector:
         up, size = family("log_up"), family("log_size_bytes")
         read, lines = family("log_read_bytes_total"), family("log_lines_total")
         last, age = family("log_last_line_timestamp_seconds"), family("log_last_line_age_seconds")
+        self.manager.check()
         now = self._wall()
         for stats in self.manager.stats():
             labels = [stats.server, stats.path]

@@ -80,9 +80,10 @@ def _http(host: str, port: int, status: int) -> ThreadingHTTPServer:
 def main(engine: str) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--host", "--hostname", default="127.0.0.1")
-    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--port", required=True)  # the last one given wins; only it must be a number
     parser.add_argument("--tp", "--tp-size", "--tensor-parallel-size", dest="tp", type=int, default=1)
     args, _ = parser.parse_known_args()
+    args.port = int(args.port)
     with open(os.environ["ENGINESIM_SCENARIO"]) as handle:
         scenario = json.load(handle)
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
