@@ -92,11 +92,14 @@ class Scrape:
 
 class Exporter:
     def __init__(self, tmp: Path, config: str | None = None, nvml: dict | None = None,
-                 args: tuple[str, ...] = (), env: dict[str, str] | None = None) -> None:
+                 args: tuple[str, ...] = (), env: dict[str, str] | None = None, listen_host: str = "127.0.0.1",
+                 ready: bool = True) -> None:
+        """`listen_host` "" listens on every address (dual-stack); `ready=False` does not wait for `/-/healthy`
+        to answer 200 (TLS or basic auth: the test waits its own way)."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.nvml = FakeNvml(tmp / "nvml.json", nvml if nvml is not None else {"missing": True})
-        cmd = [sys.executable, "-m", "stallwatch", f"--web.listen-address=127.0.0.1:{self.port}", *args]
+        cmd = [sys.executable, "-m", "stallwatch", f"--web.listen-address={listen_host}:{self.port}", *args]
         if config is not None:
             path = tmp / "stallwatch.yml"
             path.write_text(config)
@@ -106,7 +109,8 @@ class Exporter:
         self.log = tmp / "exporter.log"
         with open(self.log, "wb") as stderr:
             self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=stderr)
-        poll(lambda: self.get("/-/healthy")[0] == 200 or self._died(), what="exporter to listen")
+        if ready:
+            poll(lambda: self.get("/-/healthy")[0] == 200 or self._died(), what="exporter to listen")
 
     def _died(self) -> bool:
         if self.proc.poll() is not None:
@@ -150,7 +154,8 @@ class Engine:
 
     def __init__(self, tmp: Path, engine: str, transcript: str, final: str = "stall", tp: int = 8,
                  port: int | None = None, burn_child_seconds: float = 0.0, load_http: str = "refuse",
-                 line_delay: float = 0.0, log_name: str | None = None, prefix: list[str] | None = None) -> None:
+                 line_delay: float = 0.0, log_name: str | None = None, prefix: list[str] | None = None,
+                 args: tuple[str, ...] = ()) -> None:
         self.port = port or free_port()
         self.log = tmp / (log_name or f"{engine}-{self.port}.log")
         transcript_path = tmp / f"{engine}-{self.port}.transcript"
@@ -163,7 +168,9 @@ class Engine:
         env = dict(os.environ, ENGINESIM_SCENARIO=str(scenario),
                    PYTHONPATH=f"{SIM_PKGS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
         # `prefix` runs it elsewhere, e.g. `ip netns exec NAME` (which execs: the pid stays the engine's).
-        cmd = [*(prefix or []), *ENGINE_COMMANDS[engine], "--port", str(self.port), "--tp", str(tp)]
+        # `args` come first: the exporter reads a flag's first value (`--port ²`), the simulator's argparse the
+        # last (the real port it binds).
+        cmd = [*(prefix or []), *ENGINE_COMMANDS[engine], *args, "--port", str(self.port), "--tp", str(tp)]
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT,
                                          start_new_session=True)

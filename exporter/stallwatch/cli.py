@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import psutil
 from prometheus_client import CollectorRegistry
 
-from stallwatch import __version__
+from stallwatch import __version__, webconfig
 from stallwatch import config as config_module
 from stallwatch.collectors import REGISTRY, build
 from stallwatch.config import Config, ConfigError
@@ -30,6 +30,8 @@ def _parser() -> argparse.ArgumentParser:
                         help=f"address to serve metrics on (default :{DEFAULT_PORT})")
     parser.add_argument("--web.telemetry-path", dest="telemetry_path", default="/metrics",
                         help="path under which to serve metrics (default /metrics)")
+    parser.add_argument("--web.config.file", dest="web_config_file",
+                        help="exporter-toolkit web config: TLS, basic auth, response headers (optional)")
     parser.add_argument("--config.file", dest="config_file", help="YAML config file (optional)")
     parser.add_argument("--path.procfs", dest="procfs", help="procfs mountpoint (default /proc; config paths.procfs)")
     parser.add_argument("--path.rootfs", dest="rootfs",
@@ -54,8 +56,7 @@ def _listen_address(text: str) -> tuple[str, int]:
     host, sep, port = text.rpartition(":")
     if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
         raise ValueError(f"--web.listen-address: expected [host]:port, got {text!r}")
-    host = host.strip("[]") or "0.0.0.0"
-    return host, int(port)
+    return host.strip("[]"), int(port)  # "" (":9847"): every address, IPv4 and IPv6
 
 
 def _with_path_flags(config: Config, args: argparse.Namespace) -> Config:
@@ -85,6 +86,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = config_module.load(args.config_file) if args.config_file else Config()
         config = _with_path_flags(config, args)
         host, port = _listen_address(args.listen_address)
+        web_config = webconfig.load(args.web_config_file) if args.web_config_file else None
     except (ConfigError, ValueError) as exc:
         print(f"stallwatch: error: {exc}", file=sys.stderr)
         return 2
@@ -93,13 +95,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     registry = CollectorRegistry()
     registry.register(root)
     try:
-        httpd, _ = serve(make_app(registry, context.watcher, args.telemetry_path), host, port)
+        httpd, _ = serve(make_app(registry, context.watcher, args.telemetry_path, web_config), host, port, web_config)
     except OSError as exc:
         print(f"stallwatch: error: cannot listen on {args.listen_address}: {exc}", file=sys.stderr)
         return 1
     for part in context.background:
         part.start()
-    log.info("stallwatch %s listening on %s:%d%s", __version__, host, httpd.server_port, args.telemetry_path)
+    log.info("stallwatch %s listening on %s:%d%s%s", __version__, host or "*", httpd.server_port,
+             args.telemetry_path, " (TLS)" if httpd.tls is not None else "")
 
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):

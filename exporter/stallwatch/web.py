@@ -1,71 +1,222 @@
-"""HTTP: landing page `/`, the metrics endpoint, and `/-/healthy`."""
+"""HTTP: landing page `/`, the metrics endpoint, and `/-/healthy`, behind `--web.config.file`'s basic auth.
+
+The server itself is `stallwatch.httpserver` (bounded worker pool, deadlines, connection cap). The exposition
+stays prometheus_client's (`choose_encoder`); `/metrics` requests that arrive while a collection runs wait for its
+result instead of starting their own (`SharedCollection`).
+"""
 
 from __future__ import annotations
 
+import gzip
 import html
 import logging
-import socket
 import threading
-from collections.abc import Callable, Iterable
-from socketserver import ThreadingMixIn
-from typing import Any
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+from collections.abc import Callable, Iterable, Iterator
 
-from prometheus_client import CollectorRegistry, make_wsgi_app
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import choose_encoder
+from prometheus_client.metrics_core import Metric
 
 from stallwatch import __version__
+from stallwatch.httpserver import Handler, Limits, Request, Response, Server
 from stallwatch.servers import ProbeTarget, Watcher
+from stallwatch.webconfig import BasicAuth, TLSReloader, WebConfig
+from stallwatch.workload import printable
 
 log = logging.getLogger(__name__)
 
-StartResponse = Callable[..., Any]
+TEXT = ("Content-Type", "text/plain; charset=utf-8")
+ALLOWED_METHODS = ("GET", "HEAD")
+DEFAULT_SCRAPE_WAIT = 30.0  # seconds a request waits for a shared collection without Prometheus' timeout header
+MAX_SCRAPE_WAIT = 120.0
 
 
-class _ThreadingServer(ThreadingMixIn, WSGIServer):
-    daemon_threads = True
-    allow_reuse_address = True
+class _Flight:
+    """One collection and the encodings made of it, shared by the requests that waited for it."""
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.metrics: list[Metric] = []
+        self.error: BaseException | None = None
+        self._encoded: dict[tuple[object, ...], bytes] = {}
+        self._lock = threading.Lock()
+
+    def encoded(self, key: tuple[object, ...], make: Callable[[], bytes]) -> bytes:
+        with self._lock:
+            if key not in self._encoded:
+                self._encoded[key] = make()
+            return self._encoded[key]
 
 
-class _QuietHandler(WSGIRequestHandler):
-    def log_message(self, format: str, *args: Any) -> None:
-        log.debug("%s %s", self.address_string(), format % args)
+class SharedCollection:
+    """Single-flight collection: while one runs, other scrapes wait (bounded by `timeout`) for its result instead of
+    starting their own. Nothing is cached after it ends, so every scrape still sees values from after it arrived."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self._lock = threading.Lock()
+        self._flight: _Flight | None = None
+        self.collections = 0  # how many ran (tests and the benchmark read it)
+
+    def get(self, timeout: float) -> _Flight:
+        with self._lock:
+            flight, leader = self._flight, self._flight is None
+            if flight is None:
+                flight = self._flight = _Flight()
+        if leader:
+            self._run(flight)
+        elif not flight.done.wait(timeout):
+            raise TimeoutError(f"collection still running after {timeout:g}s")
+        if flight.error is not None:
+            raise flight.error
+        return flight
+
+    def _run(self, flight: _Flight) -> None:
+        try:
+            flight.metrics = list(self.registry.collect())
+        except BaseException as exc:  # handed to every waiter; the root collector normally catches everything
+            flight.error = exc
+        finally:
+            with self._lock:
+                self._flight = None
+                self.collections += 1
+            flight.done.set()
 
 
-def make_app(registry: CollectorRegistry, watcher: Watcher, telemetry_path: str) -> Callable[..., Iterable[bytes]]:
-    metrics_app = make_wsgi_app(registry)
+class _Snapshot:
+    """What the encoders read: a fixed list of families (they call `collect()` once)."""
 
-    def landing(start_response: StartResponse) -> list[bytes]:
-        rows = "".join(
-            f"<tr><td>{html.escape(s.name)}</td><td>{html.escape(s.engine.name)}</td>"
-            f"<td>{'up' if s.is_running() else 'down'}</td>"
-            f"<td>{html.escape(', '.join(_probe_text(p) for p in s.probes))}</td>"
-            f"<td>{html.escape(', '.join(source.path for source in s.log_sources))}</td></tr>"
-            for s in watcher.servers()
-        ) or '<tr><td colspan="5">none yet</td></tr>'
-        body = (
-            "<!DOCTYPE html><html><head><title>stallwatch</title></head><body>"
-            f"<h1>stallwatch</h1><p>Version {html.escape(__version__)}. "
-            "Silent-stall exporter for LLM inference servers.</p>"
-            f'<p><a href="{html.escape(telemetry_path)}">Metrics</a></p>'
-            "<h2>Watched servers</h2><table border=1><tr><th>server</th><th>engine</th><th>process</th>"
-            f"<th>probes</th><th>logs</th></tr>{rows}</table></body></html>"
-        ).encode()
-        start_response("200 OK", [("Content-Type", "text/html; charset=utf-8")])
-        return [body]
+    def __init__(self, metrics: Iterable[Metric]) -> None:
+        self.metrics = list(metrics)
 
-    def app(environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
-        path = environ.get("PATH_INFO", "/")
-        if path == telemetry_path:
-            return metrics_app(environ, start_response)
-        if path == "/":
-            return landing(start_response)
-        if path == "/-/healthy":
-            start_response("200 OK", [("Content-Type", "text/plain; charset=utf-8")])
-            return [b"Healthy.\n"]
-        start_response("404 Not Found", [("Content-Type", "text/plain; charset=utf-8")])
-        return [b"Not found.\n"]
+    def collect(self) -> Iterator[Metric]:
+        return iter(self.metrics)
+
+
+def restrict(metrics: Iterable[Metric], names: Iterable[str] | None) -> list[Metric]:
+    """`?name[]=` as prometheus_client's `RestrictedRegistry`: samples whose name is listed (so a counter is asked
+    for as `..._total`). Done on the shared result, because the root collector describes no names up front."""
+    if names is None:
+        return list(metrics)
+    wanted = set(names)
+    out = []
+    for metric in metrics:
+        samples = [s for s in metric.samples if s.name in wanted]
+        if samples:
+            copy = Metric(metric.name, metric.documentation, metric.type, metric.unit)
+            copy.samples = samples
+            out.append(copy)
+    return out
+
+
+def gzip_accepted(header: str) -> bool:
+    """RFC 9110 12.5.3: `gzip;q=0` (or `*;q=0` without a gzip entry) refuses gzip, which prometheus_client's
+    `gzip_accepted` ignores; Go's promhttp negotiates with the q values."""
+    star: float | None = None
+    for entry in header.split(","):
+        coding, *params = (part.strip() for part in entry.split(";"))
+        q = 1.0
+        for param in params:
+            key, _, value = param.partition("=")
+            if key.strip().lower() == "q":
+                try:
+                    q = float(value)
+                except ValueError:
+                    q = 0.0
+        if coding.lower() == "gzip":
+            return q > 0
+        if coding == "*":
+            star = q
+    return star is not None and star > 0
+
+
+def _scrape_wait(request: Request) -> float:
+    try:
+        wanted = float(request.headers.get("x-prometheus-scrape-timeout-seconds", DEFAULT_SCRAPE_WAIT))
+    except ValueError:
+        wanted = DEFAULT_SCRAPE_WAIT
+    return min(MAX_SCRAPE_WAIT, max(0.1, wanted)) if wanted == wanted else DEFAULT_SCRAPE_WAIT
+
+
+def _metrics_handler(shared: SharedCollection) -> Handler:
+    def metrics(request: Request) -> Response:
+        try:
+            flight = shared.get(_scrape_wait(request))
+        except TimeoutError as exc:
+            return Response(503, [TEXT], f"{exc}\n".encode())
+        names = request.query.get("name[]")
+        encoder, content_type = choose_encoder(request.headers.get("accept", ""))
+        key: tuple[object, ...] = (content_type, tuple(sorted(set(names))) if names is not None else None)
+        body = flight.encoded(key, lambda: encoder(_Snapshot(restrict(flight.metrics, names))))  # type: ignore[arg-type]
+        headers = [("Content-Type", content_type), ("Vary", "Accept-Encoding")]
+        if gzip_accepted(request.headers.get("accept-encoding", "")):
+            plain = body
+            body = flight.encoded((*key, "gzip"), lambda: gzip.compress(plain, compresslevel=6))
+            headers.append(("Content-Encoding", "gzip"))
+        return Response(200, headers, body)
+
+    return metrics
+
+
+def _landing(watcher: Watcher, telemetry_path: str) -> Response:
+    """Names and paths come from other processes and may be surrogate-escaped bytes: `printable` first."""
+    def cell(text: str) -> str:
+        return f"<td>{html.escape(_display(text))}</td>"
+
+    rows = "".join(
+        f"<tr>{cell(s.name)}{cell(s.engine.name)}{cell('up' if s.is_running() else 'down')}"
+        f"{cell(', '.join(_probe_text(p) for p in s.probes))}"
+        f"{cell(', '.join(source.path for source in s.log_sources))}</tr>"
+        for s in watcher.servers()
+    ) or '<tr><td colspan="5">none yet</td></tr>'
+    body = (
+        "<!DOCTYPE html><html><head><title>stallwatch</title></head><body>"
+        f"<h1>stallwatch</h1><p>Version {html.escape(__version__)}. "
+        "Silent-stall exporter for LLM inference servers.</p>"
+        f'<p><a href="{html.escape(telemetry_path)}">Metrics</a></p>'
+        "<h2>Watched servers</h2><table border=1><tr><th>server</th><th>engine</th><th>process</th>"
+        f"<th>probes</th><th>logs</th></tr>{rows}</table></body></html>"
+    ).encode("utf-8", "backslashreplace")
+    return Response(200, [("Content-Type", "text/html; charset=utf-8")], body)
+
+
+def make_app(registry: CollectorRegistry, watcher: Watcher, telemetry_path: str,
+             web_config: WebConfig | None = None) -> Handler:
+    """The request handler: routes, GET/HEAD only, and `web_config`'s basic auth and extra headers on every
+    response (exporter-toolkit protects every path, `/-/healthy` included, and sets headers before auth)."""
+    web_config = web_config or WebConfig()
+    auth = BasicAuth(web_config.users) if web_config.users else None
+    extra = list(web_config.headers.items())
+    routes: dict[str, Handler] = {
+        telemetry_path: _metrics_handler(SharedCollection(registry)),
+        "/": lambda _: _landing(watcher, telemetry_path),
+        "/-/healthy": lambda _: Response(200, [TEXT], b"Healthy.\n"),
+    }
+
+    def route(request: Request) -> Response:
+        if auth is not None and not auth.check(request.headers.get("authorization")):
+            return Response(401, [TEXT, ("WWW-Authenticate", "Basic")], b"Unauthorized\n")
+        handler = routes.get(request.path)
+        if handler is None:
+            return Response(404, [TEXT], b"Not found.\n")
+        if request.method not in ALLOWED_METHODS:
+            return Response(405, [TEXT, ("Allow", ", ".join(ALLOWED_METHODS))], b"Method not allowed.\n")
+        return handler(request)
+
+    def app(request: Request) -> Response:
+        response = route(request)
+        response.headers.extend(extra)
+        return response
 
     return app
+
+
+def _display(text: str) -> str:
+    """`printable`, and lone surrogates it cannot carry (e.g. a YAML `"\\ud800"`) as `\\ud800` text."""
+    try:
+        return printable(text)
+    except UnicodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _probe_text(target: ProbeTarget) -> str:
@@ -75,13 +226,9 @@ def _probe_text(target: ProbeTarget) -> str:
             "reaches it; start it with --host 0.0.0.0, or set probe.enter_netns (needs CAP_SYS_ADMIN)")
 
 
-class _ThreadingServerV6(_ThreadingServer):
-    address_family = socket.AF_INET6
-
-
-def serve(app: Callable[..., Iterable[bytes]], host: str, port: int) -> tuple[WSGIServer, threading.Thread]:
-    server_class = _ThreadingServerV6 if ":" in host else _ThreadingServer
-    httpd = make_server(host, port, app, server_class=server_class, handler_class=_QuietHandler)
-    thread = threading.Thread(target=httpd.serve_forever, name="http", daemon=True)
-    thread.start()
-    return httpd, thread
+def serve(app: Handler, host: str, port: int, web_config: WebConfig | None = None,
+          limits: Limits | None = None) -> tuple[Server, threading.Thread]:
+    """Listen (host "" = every address, dual-stack) and serve `app`; TLS when `web_config` has a certificate."""
+    tls = TLSReloader(web_config.tls).context if web_config is not None and web_config.tls.enabled else None
+    server = Server(app, host, port, limits, tls=tls)
+    return server, server.start()

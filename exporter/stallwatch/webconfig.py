@@ -1,0 +1,378 @@
+"""`--web.config.file`: TLS, basic auth and extra response headers, in the Prometheus exporter-toolkit format.
+
+The keys, their meaning and their checks follow exporter-toolkit's `docs/web-configuration.md`,
+`web/tls_config.go` (`getTLSConfig`, `ConfigToTLSConfig`, paths relative to the file's directory) and
+`web/handler.go` (`extraHTTPHeaders`, `validateUsers`, the bcrypt cache and the one-bcrypt-at-a-time mutex).
+Errors read `file:line: key: reason` through the main config's reader (`stallwatch.config._Reader`), exit 2.
+
+Python's `ssl` module cannot accept a client certificate without verifying it, so `RequireAnyClientCert` is
+refused with that reason, and `RequestClientCert` does not ask for a certificate (stallwatch does not use
+one, so what it lets in is the same as Go's: any client).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import logging
+import os
+import re
+import ssl
+import stat
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import bcrypt
+import yaml
+
+from stallwatch.config import ConfigError, _Reader, boolean
+
+log = logging.getLogger(__name__)
+
+MAX_FILE_BYTES = 1 << 20
+CLIENT_AUTH_TYPES = ("NoClientCert", "RequestClientCert", "RequireAnyClientCert", "VerifyClientCertIfGiven",
+                     "RequireAndVerifyClientCert")
+TLS_VERSIONS = {"TLS10": ssl.TLSVersion.TLSv1, "TLS11": ssl.TLSVersion.TLSv1_1, "TLS12": ssl.TLSVersion.TLSv1_2,
+                "TLS13": ssl.TLSVersion.TLSv1_3}
+# exporter-toolkit web/handler.go `extraHTTPHeaders`: the only headers it lets a file set (None: any value).
+EXTRA_HEADERS: dict[str, tuple[str, ...] | None] = {
+    "Strict-Transport-Security": None,
+    "X-Content-Type-Options": ("nosniff",),
+    "X-Frame-Options": ("deny", "sameorigin"),
+    "X-XSS-Protection": None,
+    "Content-Security-Policy": None,
+}
+# Keys of exporter-toolkit that stallwatch does not implement: refused by name rather than silently ignored.
+UNSUPPORTED = {"cert": "inline certificates are not supported; use cert_file",
+               "key": "inline keys are not supported; use key_file",
+               "client_ca": "inline CAs are not supported; use client_ca_file",
+               "cipher_suites": "not supported: Python's ssl module chooses TLS 1.3 suites itself",
+               "curve_preferences": "not supported", "prefer_server_cipher_suites": "not supported",
+               "client_allowed_sans": "not supported", "rate_limit": "not supported"}
+BCRYPT_HASH = re.compile(r"^\$2[abxy]?\$(0[4-9]|[12]\d|3[01])\$[./A-Za-z0-9]{53}$")
+# bcrypt of "fakepassword", as exporter-toolkit: unknown users cost one bcrypt too (no user enumeration by timing).
+DECOY_HASH = b"$2y$10$QOauhQNbBCuQDKes6eFzPeMqBSjb7Mr5DUmpZ/VcEd00UAV/LDeSi"
+
+
+def _text(value: Any) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"expected a string, got {value!r}")
+    return value
+
+
+def _header_value(value: Any) -> str:
+    text = _text(value)
+    if any(c in text for c in "\r\n\0"):
+        raise ValueError("expected a single-line value")
+    return text
+
+
+def _choice(options: tuple[str, ...]) -> Any:
+    def convert(value: Any) -> str:
+        if value not in options:
+            raise ValueError(f"expected one of {', '.join(options)}, got {value!r}")
+        return value
+    return convert
+
+
+@dataclass(frozen=True)
+class TLSServerConfig:
+    cert_file: str = ""
+    key_file: str = ""
+    client_auth_type: str = "NoClientCert"
+    client_ca_file: str = ""
+    min_version: str = "TLS12"
+    max_version: str = "TLS13"
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.cert_file or self.key_file)
+
+    def files(self) -> tuple[str, ...]:
+        return tuple(f for f in (self.cert_file, self.key_file, self.client_ca_file) if f)
+
+
+@dataclass(frozen=True)
+class WebConfig:
+    tls: TLSServerConfig = TLSServerConfig()
+    users: Mapping[str, bytes] = field(default_factory=dict)  # username -> bcrypt hash
+    headers: Mapping[str, str] = field(default_factory=dict)
+    file: str = ""
+
+
+def _tls(r: _Reader, node: yaml.Node, base_dir: str) -> TLSServerConfig:
+    path = "tls_server_config"
+    keys = r.mapping(node, path, {*(f for f in TLSServerConfig.__dataclass_fields__), *UNSUPPORTED})
+    values: dict[str, str] = {}
+    for key, value_node in keys.items():
+        if key in UNSUPPORTED:
+            raise r.fail(value_node, f"{path}.{key}", UNSUPPORTED[key])
+        convert = {"client_auth_type": _choice(CLIENT_AUTH_TYPES), "min_version": _choice(tuple(TLS_VERSIONS)),
+                   "max_version": _choice(tuple(TLS_VERSIONS))}.get(key, _text)
+        values[key] = r.scalar(value_node, f"{path}.{key}", convert)
+    for key in ("cert_file", "key_file", "client_ca_file"):
+        if values.get(key):  # exporter-toolkit `SetDirectory`: relative to the web config file
+            values[key] = os.path.join(base_dir, values[key])
+    tls = TLSServerConfig(**values)
+    _check_tls(r, node, tls)
+    return tls
+
+
+def _check_tls(r: _Reader, node: yaml.Node, tls: TLSServerConfig) -> None:
+    """The combinations exporter-toolkit's `ConfigToTLSConfig` refuses, and the one Python cannot do."""
+    path = "tls_server_config"
+    if tls.enabled and not tls.cert_file:
+        raise r.fail(node, f"{path}.cert_file", "missing (key_file is set)")
+    if tls.enabled and not tls.key_file:
+        raise r.fail(node, f"{path}.key_file", "missing (cert_file is set)")
+    if tls.client_auth_type == "RequireAnyClientCert":
+        raise r.fail(node, f"{path}.client_auth_type", "RequireAnyClientCert is not supported: Python's ssl "
+                     "module cannot accept a client certificate without verifying it; use "
+                     "RequireAndVerifyClientCert with client_ca_file")
+    verifies = tls.client_auth_type in ("VerifyClientCertIfGiven", "RequireAndVerifyClientCert")
+    if tls.client_ca_file and not verifies:
+        raise r.fail(node, f"{path}.client_ca_file", "client CAs configured without a client_auth_type that "
+                     "verifies (VerifyClientCertIfGiven or RequireAndVerifyClientCert)")
+    if verifies and not tls.client_ca_file:
+        raise r.fail(node, f"{path}.client_ca_file", f"missing: required by {tls.client_auth_type}")
+    if TLS_VERSIONS[tls.min_version] > TLS_VERSIONS[tls.max_version]:
+        raise r.fail(node, f"{path}.min_version", f"above max_version {tls.max_version}")
+
+
+def _users(r: _Reader, node: yaml.Node) -> dict[str, bytes]:
+    if not isinstance(node, yaml.MappingNode):
+        raise r.fail(node, "basic_auth_users", "expected a mapping of username to bcrypt hash")
+    users: dict[str, bytes] = {}
+    for key_node, value_node in node.value:
+        user = r.scalar(key_node, "basic_auth_users", _text)
+        path = f"basic_auth_users.{user}"
+        if ":" in user or not user:  # RFC 7617: a user-id with a colon cannot be sent
+            raise r.fail(key_node, path, "expected a username without ':'")
+        if user in users:
+            raise r.fail(key_node, path, "duplicate user")
+        digest = r.scalar(value_node, path, _text)
+        if not BCRYPT_HASH.match(digest):  # exporter-toolkit `validateUsers` (bcrypt.Cost)
+            raise r.fail(value_node, path, "expected a bcrypt hash ($2y$10$...), e.g. from `htpasswd -nBC 10 USER`")
+        users[user] = digest.encode()
+    return users
+
+
+def _headers(r: _Reader, node: yaml.Node) -> dict[str, str]:
+    keys = r.mapping(node, "http_server_config.headers", set(EXTRA_HEADERS))
+    headers: dict[str, str] = {}
+    for name, value_node in keys.items():
+        path = f"http_server_config.headers.{name}"
+        value = r.scalar(value_node, path, _header_value)
+        allowed = EXTRA_HEADERS[name]
+        if allowed is not None and value not in allowed:
+            raise r.fail(value_node, path, f"expected one of {', '.join(allowed)}, got {value!r}")
+        headers[name] = value
+    return headers
+
+
+def _http(r: _Reader, node: yaml.Node) -> dict[str, str]:
+    keys = r.mapping(node, "http_server_config", {"headers", "http2"})
+    if "http2" in keys:  # accepted for compatibility: stallwatch speaks HTTP/1.1, which Prometheus uses anyway
+        r.scalar(keys["http2"], "http_server_config.http2", boolean)
+    return _headers(r, keys["headers"]) if "headers" in keys else {}
+
+
+def parse(text: str, file: str) -> WebConfig:
+    """The web config in `text`; certificate files are loaded once here so that a bad one is refused at start."""
+    r = _Reader(file)
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        return _config(r, root, file)
+    except yaml.YAMLError as exc:  # also a tag the safe loader cannot construct (`!foo`), met by `r.scalar`
+        mark = getattr(exc, "problem_mark", None)
+        line = f":{mark.line + 1}" if mark is not None else ""
+        raise ConfigError(f"{file}{line}: invalid YAML: {getattr(exc, 'problem', None) or exc}") from None
+    except RecursionError:
+        raise ConfigError(f"{file}: invalid YAML: nested too deeply") from None
+
+
+def _config(r: _Reader, root: yaml.Node | None, file: str) -> WebConfig:
+    keys = {} if root is None else r.mapping(root, "", {"tls_server_config", "basic_auth_users",
+                                                        "http_server_config"})
+    config = WebConfig(
+        tls=_tls(r, keys["tls_server_config"], os.path.dirname(os.path.abspath(file)))
+        if "tls_server_config" in keys else TLSServerConfig(),
+        users=_users(r, keys["basic_auth_users"]) if "basic_auth_users" in keys else {},
+        headers=_http(r, keys["http_server_config"]) if "http_server_config" in keys else {},
+        file=file,
+    )
+    if config.tls.enabled:
+        try:
+            build_context(config.tls)
+        except (OSError, ssl.SSLError, ValueError) as exc:
+            node = keys["tls_server_config"]
+            raise r.fail(node, f"tls_server_config.{_culprit(exc, config.tls)}", f"cannot load: {exc}") from None
+    return config
+
+
+def _culprit(exc: Exception, tls: TLSServerConfig) -> str:
+    filename = getattr(exc, "filename", None)
+    if filename == tls.client_ca_file or isinstance(exc, _CAError):
+        return "client_ca_file"
+    if filename == tls.key_file or "KEY" in str(exc).upper():
+        return "key_file"
+    return "cert_file"
+
+
+class _CAError(ValueError):
+    pass
+
+
+def read_file(path: str) -> str:
+    """A bounded read that never blocks: a FIFO or device given as the file is refused, not waited on."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read web config file: {exc.strerror}") from None
+    with os.fdopen(fd, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ConfigError(f"{path}: cannot read web config file: not a regular file")
+        data = handle.read(MAX_FILE_BYTES + 1)
+    if len(data) > MAX_FILE_BYTES:
+        raise ConfigError(f"{path}: web config file larger than {MAX_FILE_BYTES} bytes")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: web config file is not UTF-8: {exc}") from None
+
+
+def load(path: str) -> WebConfig:
+    return parse(read_file(path), path)
+
+
+def build_context(tls: TLSServerConfig) -> ssl.SSLContext:
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = TLS_VERSIONS[tls.min_version]
+    context.maximum_version = TLS_VERSIONS[tls.max_version]
+    context.load_cert_chain(tls.cert_file, tls.key_file)
+    if tls.client_ca_file:
+        try:
+            context.load_verify_locations(cafile=tls.client_ca_file)
+        except (OSError, ssl.SSLError) as exc:
+            raise _CAError(str(exc)) from None
+    context.verify_mode = {"VerifyClientCertIfGiven": ssl.CERT_OPTIONAL,
+                           "RequireAndVerifyClientCert": ssl.CERT_REQUIRED}.get(tls.client_auth_type, ssl.CERT_NONE)
+    return context
+
+
+def _mtimes(paths: tuple[str, ...]) -> tuple[tuple[int, int, int], ...]:
+    out = []
+    for path in paths:
+        try:
+            st = os.stat(path)
+            out.append((st.st_mtime_ns, st.st_size, st.st_ino))
+        except OSError:
+            out.append((0, 0, 0))
+    return tuple(out)
+
+
+class TLSReloader:
+    """The server's TLS context, rebuilt when the certificate, key or CA file changes (checked at most once a
+    second, on new connections), as exporter-toolkit re-reads them per handshake (`GetConfigForClient`).
+    A broken new file keeps the last good context and logs why (the toolkit fails the handshake instead)."""
+
+    def __init__(self, tls: TLSServerConfig, check_interval: float = 1.0) -> None:
+        self.tls = tls
+        self.check_interval = check_interval
+        self._lock = threading.Lock()
+        self._stamp = _mtimes(tls.files())
+        self._context = build_context(tls)
+        self._checked = time.monotonic()
+        self._reported: str | None = None
+
+    def context(self) -> ssl.SSLContext:
+        with self._lock:
+            now = time.monotonic()
+            if now - self._checked >= self.check_interval:
+                self._checked = now
+                self._maybe_reload()
+            return self._context
+
+    def _maybe_reload(self) -> None:
+        stamp = _mtimes(self.tls.files())
+        if stamp == self._stamp:
+            return
+        try:
+            self._context = build_context(self.tls)
+        except (OSError, ssl.SSLError, ValueError) as exc:
+            if self._reported != str(exc):
+                log.error("TLS files changed but cannot be loaded, keeping the previous ones: %s", exc)
+                self._reported = str(exc)
+            return
+        self._stamp, self._reported = stamp, None
+        log.info("TLS certificate reloaded from %s", self.tls.cert_file)
+
+
+class BasicAuth:
+    """Checks `Authorization: Basic` against bcrypt hashes as exporter-toolkit's `webHandler.ServeHTTP`: unknown
+    users cost a bcrypt of a decoy hash, one bcrypt runs at a time (it is slow on purpose: a flood of guesses
+    takes one core, not all), and results are cached briefly (keyed by a hash of user, hash and password, never
+    the password itself) so that a scraper's repeated requests do not pay bcrypt every time."""
+
+    def __init__(self, users: Mapping[str, bytes], ttl: float = 60.0, size: int = 100) -> None:
+        self.users = dict(users)
+        self.ttl = ttl
+        self.size = size
+        self._cache: dict[bytes, tuple[bool, float]] = {}
+        self._cache_lock = threading.Lock()
+        self._bcrypt_lock = threading.Lock()
+
+    def check(self, authorization: str | None) -> bool:
+        credentials = _basic_credentials(authorization)
+        if credentials is None:
+            return False
+        user, password = credentials
+        digest = self.users.get(user)
+        key = hashlib.sha256(b"\0".join((user.encode(), digest or DECOY_HASH, password))).digest()
+        cached = self._cached(key)
+        if cached is not None:
+            return cached
+        with self._bcrypt_lock:
+            try:
+                ok = bcrypt.checkpw(password, digest or DECOY_HASH) and digest is not None
+            except ValueError:  # over bcrypt's 72 bytes: Go's bcrypt refuses those too (ErrPasswordTooLong)
+                ok = False
+        self._remember(key, ok)
+        return ok
+
+    def _cached(self, key: bytes) -> bool | None:
+        with self._cache_lock:
+            entry = self._cache.get(key)
+            if entry is None or entry[1] < time.monotonic():
+                return None
+            return entry[0]
+
+    def _remember(self, key: bytes, ok: bool) -> None:
+        with self._cache_lock:
+            if len(self._cache) >= self.size:  # drop expired entries first, else the oldest
+                now = time.monotonic()
+                self._cache = {k: v for k, v in self._cache.items() if v[1] >= now}
+                while len(self._cache) >= self.size:
+                    self._cache.pop(next(iter(self._cache)))
+            self._cache[key] = (ok, time.monotonic() + self.ttl)
+
+
+def _basic_credentials(authorization: str | None) -> tuple[str, bytes] | None:
+    if not authorization:
+        return None
+    scheme, _, encoded = authorization.strip().partition(" ")
+    if scheme.lower() != "basic":
+        return None
+    try:
+        decoded = base64.b64decode(encoded.strip(), validate=True)
+    except (binascii.Error, ValueError):
+        return None
+    user, sep, password = decoded.partition(b":")
+    if not sep:
+        return None
+    return user.decode("utf-8", "surrogateescape"), password
+
