@@ -242,29 +242,36 @@ def test_idle_connections_and_slowloris_do_not_slow_scrapes(rig: Rig) -> None:
     assert threads_during <= threads_before + 2  # nothing per connection
 
 
-def test_tls_handshakeless_clients_do_not_stall_scrapes(tmp_path: Path) -> None:
+def tls_beside_handshakeless(tmp: Path, silent: int, scrapers: int, seconds: float, pause: float) -> Figures:
+    """Scrapes over TLS while `silent` clients connect and never start a handshake and one sends half a
+    ClientHello: the handshake runs in a worker with a deadline, never in the accept loop."""
     from test_web import make_ca, make_cert
-    ca = make_ca(tmp_path, "ca")
-    cert = make_cert(tmp_path, "server", ca)
-    web = tmp_path / "web.yml"
+
+    ca = make_ca(tmp, "ca")
+    cert = make_cert(tmp, "server", ca)
+    web = tmp / "web.yml"
     web.write_text(f"tls_server_config: {{cert_file: {cert[0]}, key_file: {cert[1]}}}\n")
-    exporter = Exporter(tmp_path, args=(f"--web.config.file={web}",), ready=False)
+    exporter = Exporter(tmp, args=(f"--web.config.file={web}",), ready=False)
     context = ssl.create_default_context(cafile=str(ca[0]))
     try:
         poll(lambda: sequential_scrapes(exporter.port, 1, context).latencies, timeout=30, what="TLS exporter")
-        silent = [socket.create_connection(("127.0.0.1", exporter.port)) for _ in range(20)]
+        idle = [socket.create_connection(("127.0.0.1", exporter.port)) for _ in range(silent)]
         half = socket.create_connection(("127.0.0.1", exporter.port))
         half.sendall(b"\x16\x03\x01\x00\xf0\x01\x00\x00\xec\x03\x03")  # a ClientHello cut short
         try:
-            figures = concurrent_scrapers(exporter.port, scrapers=4, seconds=3, pause=0.05, context=context)
+            return concurrent_scrapers(exporter.port, scrapers=scrapers, seconds=seconds, pause=pause, context=context)
         finally:
-            for sock in [*silent, half]:
+            for sock in [*idle, half]:
                 sock.close()
-        print("\n" + figures.line("TLS scrapes beside 20 handshake-less + 1 half ClientHello"))
-        assert not figures.errors, figures.errors[:5]
-        assert figures.q(0.99) <= 100
     finally:
         exporter.stop()
+
+
+def test_tls_handshakeless_clients_do_not_stall_scrapes(tmp_path: Path) -> None:
+    figures = tls_beside_handshakeless(tmp_path, silent=20, scrapers=4, seconds=3, pause=0.05)
+    print("\n" + figures.line("TLS scrapes beside 20 handshake-less + 1 half ClientHello"))
+    assert not figures.errors, figures.errors[:5]
+    assert figures.q(0.99) <= 100
 
 
 def test_fd_exhaustion_backs_off_and_recovers(rig: Rig) -> None:

@@ -16,7 +16,6 @@ import argparse
 import contextlib
 import resource
 import socket
-import ssl
 import sys
 import tempfile
 import time
@@ -34,11 +33,11 @@ from test_load import (
     raise_nofile,
     sequential_scrapes,
     start_rig,
+    tls_beside_handshakeless,
     wait_ready,
 )
-from test_web import make_ca, make_cert
 
-from harness import Exporter, poll
+from harness import poll
 
 
 def scrapers(rig: Rig, args: argparse.Namespace) -> None:
@@ -80,25 +79,8 @@ def _all_closed(socks: list[socket.socket]) -> float | None:
 
 
 def tls(tmp: Path) -> None:
-    ca = make_ca(tmp, "ca")
-    cert = make_cert(tmp, "server", ca)
-    web = tmp / "web.yml"
-    web.write_text(f"tls_server_config: {{cert_file: {cert[0]}, key_file: {cert[1]}}}\n")
-    exporter = Exporter(tmp, args=(f"--web.config.file={web}",), ready=False)
-    context = ssl.create_default_context(cafile=str(ca[0]))
-    try:
-        poll(lambda: sequential_scrapes(exporter.port, 1, context).latencies, timeout=30, what="TLS exporter")
-        silent = [socket.create_connection(("127.0.0.1", exporter.port)) for _ in range(50)]
-        half = socket.create_connection(("127.0.0.1", exporter.port))
-        half.sendall(b"\x16\x03\x01\x00\xf0\x01\x00\x00\xec\x03\x03")
-        try:
-            figures = concurrent_scrapers(exporter.port, 10, 10, pause=0.1, context=context)
-        finally:
-            for sock in [*silent, half]:
-                sock.close()
-        print(figures.line("TLS: 10 scrapers for 10 s beside 50 handshake-less + 1 half ClientHello"))
-    finally:
-        exporter.stop()
+    figures = tls_beside_handshakeless(tmp, silent=50, scrapers=10, seconds=10, pause=0.1)
+    print(figures.line("TLS: 10 scrapers for 10 s beside 50 handshake-less + 1 half ClientHello"))
 
 
 def emfile(rig: Rig) -> None:
