@@ -146,6 +146,7 @@ ENGINE_COMMANDS = {
     "sglang": [sys.executable, "-m", "sglang.launch_server", "--model-path", "moonshotai/Kimi-K2-Instruct"],
     "vllm": [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", "meta-llama/Llama-3.1-70B"],
     "llamacpp": [str(SIM_BIN / "llama-server"), "-m", "/models/qwen2.5-7b-instruct-q4_k_m.gguf"],
+    "tgi": [str(SIM_BIN / "text-generation-launcher"), "--model-id", "bigscience/bloom-560m"],
 }
 
 
@@ -155,7 +156,8 @@ class Engine:
     def __init__(self, tmp: Path, engine: str, transcript: str, final: str = "stall", tp: int = 8,
                  port: int | None = None, burn_child_seconds: float = 0.0, load_http: str = "refuse",
                  line_delay: float = 0.0, log_name: str | None = None, prefix: list[str] | None = None,
-                 args: tuple[str, ...] = ()) -> None:
+                 args: tuple[str, ...] = (), work: dict | None = None) -> None:
+        """`work`: the engine's own view once serving (requests, throughput, its `/metrics`; see enginesim)."""
         self.port = port or free_port()
         self.log = tmp / (log_name or f"{engine}-{self.port}.log")
         transcript_path = tmp / f"{engine}-{self.port}.transcript"
@@ -163,7 +165,7 @@ class Engine:
         scenario = tmp / f"{engine}-{self.port}.json"
         scenario.write_text(json.dumps({
             "transcript": str(transcript_path), "final": final, "burn_child_seconds": burn_child_seconds,
-            "load_http": load_http, "line_delay": line_delay,
+            "load_http": load_http, "line_delay": line_delay, **({"work": work} if work is not None else {}),
         }))
         env = dict(os.environ, ENGINESIM_SCENARIO=str(scenario),
                    PYTHONPATH=f"{SIM_PKGS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")

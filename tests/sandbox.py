@@ -407,7 +407,7 @@ class _Container:
     stops the shim and the engine, and owns the teardown."""
 
     def __init__(self, tmp: Path, engine: str, transcript: str, *, final: str, tp: int, port: int, host: str,
-                 netns: bool, line_delay: float, load_http: str) -> None:
+                 netns: bool, line_delay: float, load_http: str, work: dict | None = None) -> None:
         if engine not in ENGINE_COMMANDS:
             raise ValueError(f"unknown engine {engine!r}; known: {sorted(ENGINE_COMMANDS)}")
         self.tmp = Path(tmp)
@@ -420,7 +420,8 @@ class _Container:
         self._cgroup: Cgroup | None = None
         self._pid = 0
         self._runs = 0
-        self._options = {"line_delay": line_delay, "load_http": load_http}
+        # `work`: the engine's own view once serving (`/metrics`, stats lines; see tests/sim/pkgs/enginesim.py)
+        self._options = {"line_delay": line_delay, "load_http": load_http, **({"work": work} if work else {})}
         self._first = (transcript, final)
 
     def __enter__(self: _C) -> _C:
@@ -559,11 +560,11 @@ class Pod(_Container):
                  pod: str | None = None, container: str | None = None, final: str = "stall", tp: int = 8,
                  port: int = 30000, host: str = "0.0.0.0", netns: bool = True, fmt: str = "cri",
                  qos: str = "burstable", cgroup_driver: str = "systemd", max_line: int = 16384,
-                 line_delay: float = 0.0, load_http: str = "refuse") -> None:
+                 line_delay: float = 0.0, load_http: str = "refuse", work: dict | None = None) -> None:
         if fmt not in ("cri", "crio"):
             raise ValueError(f"Pod fmt must be cri or crio, not {fmt!r}")
         super().__init__(tmp, engine, transcript, final=final, tp=tp, port=port, host=host, netns=netns,
-                         line_delay=line_delay, load_http=load_http)
+                         line_delay=line_delay, load_http=load_http, work=work)
         self.namespace = namespace
         self.pod = pod or f"{engine}-{secrets.token_hex(3)}"
         self.container = container or engine

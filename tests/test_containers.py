@@ -179,7 +179,8 @@ def test_server_on_loopback_only_inside_its_pod(exporter, tmp_path: Path, stack:
     else:
         scrape = e.wait_for(lambda s: (s.value("stallwatch_probe_failures_total", server="llm/lo-0", url=url,
                                                reason="unreachable") or 0) >= 2 and s, timeout=30)
-        assert scrape.samples("stallwatch_probe_success") == []
+        # (other servers that run on this machine may have samples)
+        assert all(labels["server"] != "llm/lo-0" for labels in scrape.labelsets("stallwatch_probe_success"))
         assert "--host 0.0.0.0" in e.get("/")[1]
     assert scrape.value("stallwatch_server_listening", server="llm/lo-0", port="30000") == 1
     assert pod.address not in url

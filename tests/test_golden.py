@@ -26,6 +26,7 @@ MASKED = (  # families whose values depend on time, scheduling or the machine
     "stallwatch_server_start_time_seconds",
     "stallwatch_startup_phase_start_timestamp_seconds",
     "stallwatch_log_last_line_timestamp_seconds",
+    "stallwatch_log_last_progress_timestamp_seconds",
     "stallwatch_log_last_line_age_seconds",
     "stallwatch_probe_duration_seconds",
     "stallwatch_probe_failures_total",

@@ -167,9 +167,7 @@ def vllm_healthy(tp: int = 2) -> str:
 def vllm_shm_stall(tp: int = 2, repeats: int = 3) -> str:
     """Serving, then EngineCore's workers hang: the ring buffer warning every 60 s, requests stuck."""
     out = vllm_healthy(tp)
-    out += _vl("APIServer", 525681, "09:05:02", "loggers.py:276",
-               "Engine 000: Avg prompt throughput: 0.0 tokens/s, Avg generation throughput: 0.0 tokens/s, "
-               "Running: 255 reqs, Waiting: 0 reqs, GPU KV cache usage: 0.0%, Prefix cache hit rate: 0.0%")
+    out += _vllm_stats("09:05:02", 255, 0, 0.0)
     for minute in range(repeats):
         out += _vl("EngineCore", 525790, f"09:0{6 + minute}:02", "shm_broadcast.py:761",
                    "No available shared memory broadcast block found in 60 seconds. This typically happens when "
@@ -206,7 +204,7 @@ def _tgi(clock: str, target: str, message: str, level: str = "INFO") -> str:
     return f"2026-11-20T{clock}.170897Z  {level} {target}: {message}\n"
 
 
-def tgi_healthy() -> str:
+def _tgi_until_shards() -> str:
     out = _tgi("09:00:01", "text_generation_launcher", "Args { model_id: \"bigscience/bloom-560m\", "
                "num_shard: Some(2), port: 3000 }")
     out += _tgi("09:00:01", "download: text_generation_launcher",
@@ -215,10 +213,24 @@ def tgi_healthy() -> str:
                 "Successfully downloaded weights for bigscience/bloom-560m")
     for rank in range(2):
         out += _tgi("09:00:04", "shard-manager: text_generation_launcher", f"Starting shard rank={rank}")
-    for rank in range(2):
-        out += _tgi("09:00:14", "shard-manager: text_generation_launcher", f"Waiting for shard to be ready... "
-                    f"rank={rank}")
-    out += _tgi("09:00:19", "text_generation_launcher", "Server started at unix:///tmp/text-generation-server-0")
+    return out
+
+
+def _tgi_waiting(seconds: int, ready: set[int] | None = None) -> str:
+    """The launcher's wait loop (`launcher/src/main.rs:1244`): every 10 s for each shard not ready yet."""
+    out = ""
+    for elapsed in range(10, seconds + 1, 10):
+        at = 4 + elapsed  # seconds after 09:00:00
+        clock = f"{9 + at // 3600:02d}:{at // 60 % 60:02d}:{at % 60:02d}"
+        for rank in range(2):
+            if rank not in (ready or set()):
+                out += _tgi(clock, "shard-manager: text_generation_launcher",
+                            f"Waiting for shard to be ready... rank={rank}")
+    return out
+
+
+def _tgi_after_shards() -> str:
+    out = _tgi("09:00:19", "text_generation_launcher", "Server started at unix:///tmp/text-generation-server-0")
     out += _tgi("09:00:19", "shard-manager: text_generation_launcher", "Shard ready in 15.2s rank=0")
     out += _tgi("09:00:19", "text_generation_launcher", "Starting Webserver")
     out += _tgi("09:00:20", "text_generation_router_v3", "backends/v3/src/lib.rs:125: Warming up model")
@@ -227,6 +239,27 @@ def tgi_healthy() -> str:
                 "backends/v3/src/lib.rs:137: Setting max batch total tokens to 277776")
     out += _tgi("09:00:31", "text_generation_router::server", "router/src/server.rs:2302: Connected")
     return out
+
+
+def tgi_healthy() -> str:
+    return _tgi_until_shards() + _tgi_waiting(10) + _tgi_after_shards()
+
+
+def tgi_shard_stuck(seconds: int = 1200) -> str:
+    """A shard that never gets ready: only the launcher's `Waiting for shard to be ready...`, every 10 s."""
+    return _tgi_until_shards() + _tgi_waiting(seconds)
+
+
+def _vllm_stats(clock: str, running: int, waiting: int, throughput: float, engine: int = 0) -> str:
+    return _vl("APIServer", 525681, clock, "loggers.py:276",
+               f"Engine {engine:03d}: Avg prompt throughput: 0.0 tokens/s, Avg generation throughput: "
+               f"{throughput:.1f} tokens/s, Running: {running} reqs, Waiting: {waiting} reqs, GPU KV cache usage: "
+               "0.0%, Prefix cache hit rate: 0.0%")
+
+
+def vllm_post_ready_hang(lines: int = 6) -> str:
+    """vLLM #23378: serving, then requests hang: 255 running, no token generated, a stats line every 10 s."""
+    return vllm_healthy() + "".join(_vllm_stats(f"09:05:{10 * i:02d}", 255, 0, 0.0) for i in range(lines))
 
 
 def tgi_shard_crash() -> str:

@@ -24,6 +24,7 @@ GPU = ("gpu", "uuid")
 PROC = ("server", "process")
 LOG = ("server", "path")
 PROBE = ("server", "url")
+ENGINE = ("server", "source")
 
 CATALOG: dict[str, Family] = {
     # GPU
@@ -59,6 +60,21 @@ CATALOG: dict[str, Family] = {
         "gauge", "When the log last grew (bytes, not only newlines), seconds since the epoch.", LOG),
     "log_last_line_age_seconds": Family("gauge", "Seconds since the log last grew.", LOG),
     "log_events_total": Family("counter", "Notable log lines by kind.", ("server", "event")),
+    "log_last_progress_timestamp_seconds": Family(
+        "gauge", "When the server logged a line that is not a heartbeat (a notice an engine repeats while stuck), "
+        "seconds since the epoch.", ("server",)),
+    # The engine's own view: source "metrics" (its /metrics page) or "log" (its periodic stats lines)
+    "engine_requests_running": Family("gauge", "Requests the engine is running, as it last reported them.", ENGINE),
+    "engine_requests_waiting": Family("gauge", "Requests waiting in the engine's queue, as it last reported them.",
+                                      ENGINE),
+    "engine_generated_tokens_total": Family(
+        "counter", "Tokens the engine generated; never decreases across an engine restart (from the log: its "
+        "generation throughput integrated between stats lines).", ENGINE),
+    "engine_stats_timestamp_seconds": Family(
+        "gauge", "When the engine's figures were last seen, seconds since the epoch.", ENGINE),
+    "engine_metrics_up": Family(
+        "gauge", "1 when the engine's /metrics page answered its last fetch, 0 when it failed or timed out.",
+        ("server",)),
     # Startup phase
     "startup_phase": Family("gauge", "1 for the server's current startup phase, 0 for the others.",
                             ("server", "phase")),

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from stallwatch.engines import EVENTS, Engine
+from stallwatch.enginestats import Figures, LogStats
 from stallwatch.prefilter import SHARDS, Compiled, compile_rules, strip_groups
 
 ANSI = re.compile(rb"\x1b\[[0-9;?]*[ -/]*[@-~]")
@@ -29,6 +30,7 @@ class Matcher:
         # Only a new launch or a failure leaves `serving`: other phase lines need not be looked at then.
         self.serving = compile_rules([r for r in rules if r.phase in ("launching", "failed") or r.event], None)
         self.routine_lines = engine.routine_lines
+        self.heartbeats = engine.heartbeats
         launch = [strip_groups(r.pattern.pattern) for r in rules if r.phase == "launching"]
         self.launch = re.compile(b"|".join(launch) or b"(?!)", re.MULTILINE)
 
@@ -62,6 +64,8 @@ class PhaseTracker:
         self.launches = 0
         self.last_launch = float("-inf")
         self.fatal_in_launch = False
+        self.last_progress: float | None = None  # when a line that is not a heartbeat last came
+        self.stats = LogStats(engine.stats_lines)
 
     # -- log input -------------------------------------------------------------------------------------
     def feed(self, block: bytes, count_events: bool = True) -> None:
@@ -69,21 +73,39 @@ class PhaseTracker:
         if b"\x1b" in block:
             block = ANSI.sub(b"", block)
         with self._lock:
+            self._progress(block)
+            # Read before the bulk skip below drops the stats lines; counted after the block's launch lines.
+            stats = self.stats.read(block) if count_events and self.stats.lines else []
             if self.phase == "serving" and self.matcher.routine_lines is not None:
                 block = self.matcher.routine_lines.sub(b"", block)
-            pos, size = 0, len(block)
-            while pos < size:
-                compiled = self.matcher.serving if self.phase == "serving" else self.matcher.startup
-                if compiled.prefilter is None:
-                    start = pos
-                else:
-                    hit = compiled.prefilter.search(block, pos)
-                    if hit is None:
-                        return
-                    start = max(block.rfind(b"\n", 0, hit.start()), block.rfind(b"\r", 0, hit.start())) + 1
-                end = _line_end(block, start)
-                self._line(compiled, block, start, end, count_events)
-                pos = end + 1
+            self._scan(block, count_events)
+            if stats:
+                self.stats.apply(stats, self._wall())
+
+    def _scan(self, block: bytes, count_events: bool) -> None:
+        pos, size = 0, len(block)
+        while pos < size:
+            compiled = self.matcher.serving if self.phase == "serving" else self.matcher.startup
+            if compiled.prefilter is None:
+                start = pos
+            else:
+                hit = compiled.prefilter.search(block, pos)
+                if hit is None:
+                    return
+                start = max(block.rfind(b"\n", 0, hit.start()), block.rfind(b"\r", 0, hit.start())) + 1
+            end = _line_end(block, start)
+            self._line(compiled, block, start, end, count_events)
+            pos = end + 1
+
+    def _progress(self, block: bytes) -> None:
+        """A block with a line that is not a heartbeat is progress (a replayed one is dated by `recovered`)."""
+        heartbeats = self.matcher.heartbeats
+        if heartbeats is None or heartbeats.search(block) is None:
+            progress = bool(block) and not block.isspace()
+        else:
+            progress = any(line.strip() and heartbeats.search(line) is None for line in block.splitlines())
+        if progress:
+            self.last_progress = self._wall()
 
     def _line(self, compiled: Compiled, block: bytes, start: int, end: int, count_events: bool) -> None:
         seen: set[str] = set()
@@ -123,6 +145,7 @@ class PhaseTracker:
         self.last_launch = self._wall()
         self.shards_loaded = self.shards_expected = None
         self.fatal_in_launch = False
+        self.stats.relaunched()
         self._enter("launching")
 
     def _enter(self, phase: str) -> None:
@@ -151,6 +174,17 @@ class PhaseTracker:
         """After replaying an existing log at exporter start, date the phase from the file's mtime."""
         with self._lock:
             self.since = min(self.since, since)
+            if self.last_progress is not None:
+                self.last_progress = min(self.last_progress, since)
+
+    def progress(self) -> float | None:
+        with self._lock:
+            return self.last_progress
+
+    def log_figures(self) -> Figures | None:
+        """Running, waiting and generated tokens from the engine's stats lines; None before the first one."""
+        with self._lock:
+            return self.stats.figures()
 
     def snapshot(self) -> PhaseSnapshot:
         with self._lock:

@@ -59,37 +59,38 @@ def _abort(connection: http.client.HTTPConnection, expired: threading.Event) -> 
 
 
 def probe(url: str, timeout: float) -> Result:
+    """One GET of `url` within one deadline of `timeout` seconds, at most MAX_BODY_BYTES of its body read."""
+    return fetch(url, timeout, MAX_BODY_BYTES)[0]
+
+
+def fetch(url: str, timeout: float, max_body: int) -> tuple[Result, bytes | None]:
     """One GET of `url` within one deadline of `timeout` seconds for the whole request (connect, TLS, headers
     and body): the socket timeout alone applies per read, so a target that trickles a byte a second would
-    hold the probe for as long as it likes."""
+    hold the request for as long as it likes. The body is what came of it, None when more than `max_body`
+    bytes came (the rest is not read)."""
     start = time.monotonic()
     try:
         connection, path = _connection(url, timeout)
-    except ValueError as exc:  # a bad port in a configured URL: this probe fails, its thread goes on
-        log.debug("probe of %s not made: %s", url, exc)
-        return Result(False, 0.0, 0, "error")
+    except ValueError as exc:  # a bad port in a configured URL: this request fails, its thread goes on
+        log.debug("GET %s not made: %s", url, exc)
+        return Result(False, 0.0, 0, "error"), None
     expired = threading.Event()
     deadline = threading.Timer(timeout, _abort, (connection, expired))
     deadline.daemon = True
     deadline.start()
-    status = 0
+    status, body = 0, None
     try:
         connection.request("GET", path, headers={"User-Agent": f"stallwatch/{__version__}", "Accept": "*/*"})
         response = connection.getresponse()
         status = response.status
-        remaining = MAX_BODY_BYTES
-        while remaining > 0 and time.monotonic() - start < timeout:
-            chunk = response.read1(remaining) if hasattr(response, "read1") else response.read(remaining)
-            if not chunk:
-                break
-            remaining -= len(chunk)
+        body = _read_body(response, start, timeout, max_body)
         reason = None if 200 <= status < 300 else "http_status"
     except ConnectionRefusedError:
         reason = "refused"
     except TimeoutError:
         reason = "timeout"
     except (OSError, http.client.HTTPException) as exc:
-        log.debug("probe of %s failed: %s", url, exc)
+        log.debug("GET %s failed: %s", url, exc)
         reason = "error"
     finally:
         deadline.cancel()
@@ -97,7 +98,18 @@ def probe(url: str, timeout: float) -> Result:
     duration = time.monotonic() - start
     if expired.is_set() or (duration > timeout and reason is None):
         reason = "timeout"  # cut at the deadline, or a server that trickled its answer past it
-    return Result(reason is None, duration, status, reason)
+    return Result(reason is None, duration, status, reason), body
+
+
+def _read_body(response: http.client.HTTPResponse, start: float, timeout: float, max_body: int) -> bytes | None:
+    chunks, remaining = [], max_body + 1  # one byte more tells a body over the cap
+    while remaining > 0 and time.monotonic() - start < timeout:
+        chunk = response.read1(remaining) if hasattr(response, "read1") else response.read(remaining)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        remaining -= len(chunk)
+    return None if remaining <= 0 else b"".join(chunks)
 
 
 @dataclass

@@ -14,7 +14,18 @@ from collections.abc import Iterator, Mapping
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
-from stallwatch.collectors import build_info, gpu, listening, logs, phase, probe, process, server_info, thresholds
+from stallwatch.collectors import (
+    build_info,
+    engine_metrics,
+    gpu,
+    listening,
+    logs,
+    phase,
+    probe,
+    process,
+    server_info,
+    thresholds,
+)
 from stallwatch.collectors.base import Context, MetricSource, Registration
 from stallwatch.config import Config
 from stallwatch.metrics import family
@@ -29,6 +40,7 @@ REGISTRY: tuple[Registration, ...] = (
     server_info.COLLECTOR,
     listening.COLLECTOR,
     probe.COLLECTOR,
+    engine_metrics.COLLECTOR,
     logs.COLLECTOR,
     phase.COLLECTOR,
     thresholds.COLLECTOR,

@@ -35,11 +35,14 @@ class LogsCollector:
             if stats.last_growth is not None:
                 last.add_metric(labels, stats.last_growth)
                 age.add_metric(labels, max(0.0, now - stats.last_growth))
-        events = family("log_events_total")
+        events, progress = family("log_events_total"), family("log_last_progress_timestamp_seconds")
         for server in self.watcher.servers():
             for event, count in sorted(server.tracker.snapshot().events.items()):
                 events.add_metric([server.name, event], float(count))
-        yield from (up, size, read, lines, last, age, events)
+            last_progress = server.tracker.progress()
+            if last_progress is not None:
+                progress.add_metric([server.name], last_progress)
+        yield from (up, size, read, lines, last, age, events, progress)
 
 
 @dataclass(frozen=True)

@@ -56,6 +56,36 @@ SAFETENSORS_SHARDS = re.compile(rb"Loading safetensors checkpoint shards:\s*\d+%
 
 
 @dataclass(frozen=True)
+class MetricsSpec:
+    """How the engine's own `/metrics` page feeds stallwatch's engine families: the sample names (as the text
+    format writes them, counters with `_total`) whose values are summed over every label set (ranks, `engine="N"`
+    labels), after taking the largest value over the labels in `same_over` (ranks that repeat one figure)."""
+
+    running: str
+    waiting: str
+    tokens: str
+    # Flags of which one must be on the command line for `/metrics` to be served; () when always served.
+    needs_flag: tuple[str, ...] = ()
+    path: str = "/metrics"
+    same_over: tuple[str, ...] = ()
+
+    def served(self, argv: Sequence[str]) -> bool:
+        return not self.needs_flag or any(arg in self.needs_flag for arg in argv)
+
+
+@dataclass(frozen=True)
+class StatsLine:
+    """The engine's periodic stats line: `anchor` is a literal every such line contains (found from the end of a
+    block with `rfind`), `pattern` matches the line with groups `running`, `waiting`, `throughput` (generated
+    tokens/s) and optionally `rank` (a DP engine's own line). `max_interval` caps the seconds one line's throughput
+    is integrated over (its averaging window: lines are not printed while idle)."""
+
+    anchor: bytes
+    pattern: re.Pattern[bytes]
+    max_interval: float = 10.0
+
+
+@dataclass(frozen=True)
 class Engine:
     name: str
     # Regex on the main process's full command line (argv joined by spaces); None: never auto-discovered.
@@ -76,6 +106,11 @@ class Engine:
     # The sub-command after which the model is the first positional argument (`vllm serve <model>`).
     model_command: str | None = None
     tp_flags: tuple[str, ...] = ()
+    metrics: MetricsSpec | None = None  # None: no `/metrics` page known
+    stats_lines: tuple[StatsLine, ...] = ()
+    # Lines an engine keeps printing while stuck (a wait loop's notice): not progress, so a log of nothing
+    # else does not move `log_last_progress` (see `heartbeats()`).
+    heartbeats: re.Pattern[bytes] | None = None
 
     def all_rules(self) -> tuple[Rule, ...]:
         return self.rules + COMMON_RULES
@@ -103,6 +138,11 @@ class Engine:
         """Tensor-parallel size as given on the command line; "" when not given or not a number."""
         found = _flag_value(argv, self.tp_flags) or ""
         return found if found.isascii() and found.isdigit() else ""
+
+
+def heartbeats(*regexes: str) -> re.Pattern[bytes]:
+    """One pattern for the lines that are heartbeats, not progress."""
+    return re.compile("|".join(f"(?:{r})" for r in regexes).encode())
 
 
 def _flag_value(argv: Sequence[str], flags: Sequence[str]) -> str | None:

@@ -4,7 +4,7 @@
 
 import re
 
-from stallwatch.engines import SAFETENSORS_SHARDS, Engine, rule
+from stallwatch.engines import SAFETENSORS_SHARDS, Engine, MetricsSpec, StatsLine, rule
 
 ENGINE = Engine(
     name="sglang",
@@ -16,6 +16,23 @@ ENGINE = Engine(
     routine_lines=re.compile(rb"\n\[[^\]\n]*\] (?:Prefill|Decode) batch[,.][^\n]*"),
     model_flags=("--model-path", "--model"),
     tp_flags=("--tp-size", "--tensor-parallel-size", "--tp"),
+    # `srt/observability/metrics_collector.py` (engines.md §1.5): served at `/metrics` on the API port only with
+    # `--enable-metrics`. Schedulers report with labels `model_name`, `tp_rank`, `pp_rank` (and `dp_rank`); with
+    # `--enable-metrics-for-all-schedulers` every TP/PP rank repeats its DP group's figures: the largest is taken
+    # over those, then DP groups are summed.
+    metrics=MetricsSpec(running="sglang:num_running_reqs", waiting="sglang:num_queue_reqs",
+                        tokens="sglang:generation_tokens_total", needs_flag=("--enable-metrics",),
+                        same_over=("tp_rank", "pp_rank")),
+    stats_lines=(
+        # `srt/managers/scheduler_components/metrics_reporter.py:963`, every `--decode-log-interval` (40) decode
+        # steps of the (attention) TP rank 0 of each DP group: `[time DP0 TP0] Decode batch, #running-req: N,
+        # ..., gen throughput (token/s): X, #queue-req: M` (old: `Decode batch. ...`). X is the rate over those
+        # steps; lines stop while idle, so one line counts for at most 10 s.
+        StatsLine(anchor=b"gen throughput (token/s): ", pattern=re.compile(
+            rb"\[[^\]\n]*?(?: DP(?P<rank>\d+)[^\]\n]*)?\] Decode batch[,.] #running-req: (?P<running>\d+),"
+            rb"[^\n]*?gen throughput \(token/s\): (?P<throughput>[\d.]+),[^\n]*?#queue-req: (?P<waiting>\d+)"),
+            max_interval=10.0),
+    ),
     rules=(
         rule(r"server_args=ServerArgs\(", phase="launching"),
         rule(r"Init parallel begin\.|Init torch distributed begin\.", phase="launching"),

@@ -3,7 +3,7 @@
 
 import re
 
-from stallwatch.engines import Engine, rule
+from stallwatch.engines import Engine, MetricsSpec, heartbeats, rule
 
 ENGINE = Engine(
     name="tgi",
@@ -14,6 +14,13 @@ ENGINE = Engine(
     host_flags=("--hostname",),
     model_flags=("--model-id",),
     tp_flags=("--num-shard",),
+    # The router's `/metrics` on the API port (`router/src/server.rs:2240-2244`; engines.md §4):
+    # `tgi_batch_current_size` and `tgi_queue_size` gauges, `tgi_request_generated_tokens` a histogram recorded as
+    # each request ends (its `_sum` is the generated-tokens counter: it moves when requests finish, not per token).
+    metrics=MetricsSpec(running="tgi_batch_current_size", waiting="tgi_queue_size",
+                        tokens="tgi_request_generated_tokens_sum"),
+    # The launcher's wait loop prints this every 10 s for as long as a shard is not ready (`launcher/src/main.rs:1244`).
+    heartbeats=heartbeats(r"Waiting for shard to be ready\.\.\."),
     rules=(
         rule(r"text_generation_launcher: Args \{|Starting check and download process", phase="launching"),
         rule(r"Starting shard|Waiting for shard to be ready", phase="loading_weights"),

@@ -4,7 +4,7 @@
 
 import re
 
-from stallwatch.engines import SAFETENSORS_SHARDS, Engine, rule
+from stallwatch.engines import SAFETENSORS_SHARDS, Engine, MetricsSpec, StatsLine, heartbeats, rule
 
 ENGINE = Engine(
     name="vllm",
@@ -16,6 +16,26 @@ ENGINE = Engine(
     model_flags=("--model",),
     model_command="serve",
     tp_flags=("--tensor-parallel-size", "-tp"),
+    # `vllm/v1/metrics/loggers.py` PrometheusStatLogger: gauges and the counter (text format `_total`), one series
+    # per DP engine (labels `model_name`, `engine="N"`); always served at `/metrics` on the API port.
+    metrics=MetricsSpec(running="vllm:num_requests_running", waiting="vllm:num_requests_waiting",
+                        tokens="vllm:generation_tokens_total"),
+    stats_lines=(
+        # `vllm/v1/metrics/loggers.py:276-337` LoggingStatLogger, every VLLM_LOG_STATS_INTERVAL (10 s), DEBUG when
+        # idle: `Engine 000: Avg prompt throughput: %.1f tokens/s, Avg generation throughput: %.1f tokens/s,
+        # Running: %d reqs, Waiting: %d reqs, ...` (no `Engine NNN:` before 0.9); V0 (`vllm/engine/metrics.py`):
+        # `..., Running: %d reqs, Swapped: %d reqs, Pending: %d reqs, ...`. The throughput is the mean since the
+        # previous line, so throughput x interval (at most the 10 s window) is the tokens of that interval.
+        StatsLine(anchor=b"Avg generation throughput: ", pattern=re.compile(
+            rb"(?:Engine (?P<rank>\d+): )?Avg prompt throughput: [\d.]+ tokens/s, Avg generation throughput: "
+            rb"(?P<throughput>[\d.]+) tokens/s, Running: (?P<running>\d+) reqs, (?:Swapped: \d+ reqs, )?"
+            rb"(?:Waiting|Pending): (?P<waiting>\d+) reqs"), max_interval=10.0),
+    ),
+    # Printed while stuck (engines.md §2.3): the shm ring buffer's notice every 60 s while workers hang
+    # (`distributed/device_communicators/shm_broadcast.py:111,761`), and 0.10/0.11's startup handshake notice every
+    # 10 s (`v1/engine/utils.py:1449`, `Waiting for %d local, %d remote core engine proc(s) to start.`).
+    heartbeats=heartbeats(r"No available shared memory broadcast block found in \d+ seconds",
+                          r"Waiting for [\d, a-z]+ core engine proc\(s\) to start"),
     rules=(
         rule(r"vLLM (?:API )?server version|non-default args:", phase="launching"),
         rule(r"Initializing an? (?:V1 )?LLM engine", phase="launching"),

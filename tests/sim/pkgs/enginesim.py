@@ -12,7 +12,13 @@ tests/sim/pkgs on PYTHONPATH), it spawns children titled like the engine's own (
 
 The scenario is JSON in the file named by ENGINESIM_SCENARIO:
     {"transcript": "path", "line_delay": 0.0, "final": "stall", "load_http": "refuse" | "503",
-     "burn_child_seconds": 0.0}
+     "burn_child_seconds": 0.0, "work": {...}}
+
+`work` (with `final: serve`) is the engine's own view once serving: `/metrics` in the engine's real format and
+its periodic stats lines (see `Work`):
+    {"running": 0, "waiting": 0, "throughput": 0.0, "tokens_start": 0, "ranks": 1, "interval": 0.5,
+     "metrics": "serve" | "hang" | "off", "pad_bytes": 0}
+throughput 0 with requests running is the post-ready hang (vLLM #23378): `/health` 200, the counter frozen.
 """
 
 from __future__ import annotations
@@ -33,6 +39,8 @@ CHILD_TITLES = {
     + ["sglang::detokenizer"],
     "vllm": lambda tp: ["VLLM::EngineCore"] + ([f"VLLM::Worker_TP{i}" for i in range(tp)] if tp > 1 else []),
     "llamacpp": lambda tp: [],
+    "tgi": lambda tp: [f"text-generation-server serve bigscience/bloom-560m --uds-path /tmp/text-generation-server-{i}"
+                       for i in range(tp)] + ["text-generation-router --port 3000"],
 }
 
 
@@ -54,13 +62,136 @@ def child(title: str, parent: int, burn_seconds: float) -> None:
     _exit_with_parent(parent)
 
 
+class Work:
+    """What a serving engine reports about its work: requests split over `ranks` (DP engines, SGLang DP groups)
+    and a generated-tokens counter growing at `throughput` tokens/s from when serving began."""
+
+    def __init__(self, engine: str, spec: dict) -> None:
+        self.engine, self.spec = engine, spec
+        self.ranks = int(spec.get("ranks", 1))
+        self.started = time.monotonic()
+
+    def split(self, key: str) -> list[float]:
+        total = float(self.spec.get(key, 0))
+        return [total / self.ranks] * self.ranks
+
+    def tokens(self) -> list[float]:
+        made = float(self.spec.get("tokens_start", 0)) + float(self.spec.get("throughput", 0.0)) * (
+            time.monotonic() - self.started)
+        return [int(made) / self.ranks] * self.ranks
+
+    def page(self) -> bytes:
+        out = PAGES[self.engine](self)
+        pad = int(self.spec.get("pad_bytes", 0))
+        if pad:  # a big page: histograms of other families come first, as on a real vLLM page
+            filler = '# TYPE filler_seconds histogram\n'
+            line = 'filler_seconds_bucket{le="%d",model_name="meta-llama/Llama-3.1-70B"} 0\n'
+            filler += "".join(line % i for i in range(pad // len(line % 1000) + 1))
+            out = filler + out
+        return out.encode()
+
+    def stats_lines(self) -> str:
+        if self.engine not in STATS_LINES or not (self.spec.get("running") or self.spec.get("waiting")):
+            return ""  # idle: vLLM logs its stats at DEBUG, SGLang logs no batch
+        clock = time.strftime("%H:%M:%S")
+        rows = zip(self.split("running"), self.split("waiting"), self.split("throughput"), strict=True)
+        return "".join(STATS_LINES[self.engine](clock, rank, int(running), int(waiting), throughput, self.ranks)
+                       for rank, (running, waiting, throughput) in enumerate(rows))
+
+
+def _series(name: str, kind: str, help_text: str, rows: list[tuple[str, float]]) -> str:
+    out = f"# HELP {name} {help_text}\n# TYPE {name} {kind}\n"
+    return out + "".join(f"{name}{labels} {value}\n" for labels, value in rows)
+
+
+def _vllm_page(work: Work) -> str:
+    """`vllm/v1/metrics/loggers.py` PrometheusStatLogger: labels `engine` (one per DP engine) and `model_name`."""
+    labels = [f'{{engine="{i}",model_name="meta-llama/Llama-3.1-70B"}}' for i in range(work.ranks)]
+    return (_series("vllm:num_requests_running", "gauge", "Number of requests in model execution batches.",
+                    list(zip(labels, work.split("running"), strict=True)))
+            + _series("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.",
+                      list(zip(labels, work.split("waiting"), strict=True)))
+            + _series("vllm:generation_tokens_total", "counter", "Number of generation tokens processed.",
+                      list(zip(labels, work.tokens(), strict=True)))
+            + "".join(f"vllm:generation_tokens_created{label} 1.7635e+09\n" for label in labels))
+
+
+def _sglang_page(work: Work) -> str:
+    """`srt/observability/metrics_collector.py`: every TP rank of a DP group repeating its figures (as with
+    `--enable-metrics-for-all-schedulers`)."""
+    def rows(values: list[float]) -> list[tuple[str, float]]:
+        return [(f'{{dp_rank="{dp}",engine_type="unified",model_name="moonshotai/Kimi-K2-Instruct",pp_rank="0",'
+                 f'tp_rank="{tp}"}}', value) for dp, value in enumerate(values) for tp in range(2)]
+    return (_series("sglang:num_running_reqs", "gauge", "The number of running requests.", rows(work.split("running")))
+            + _series("sglang:num_queue_reqs", "gauge", "The number of requests in the waiting queue.",
+                      rows(work.split("waiting")))
+            + _series("sglang:generation_tokens_total", "counter", "Number of generation tokens processed.",
+                      rows(work.tokens())))
+
+
+def _tgi_page(work: Work) -> str:
+    tokens = sum(work.tokens())
+    return ("# TYPE tgi_batch_current_size gauge\n" f"tgi_batch_current_size {sum(work.split('running'))}\n"
+            "# TYPE tgi_queue_size gauge\n" f"tgi_queue_size {sum(work.split('waiting'))}\n"
+            "# TYPE tgi_request_generated_tokens histogram\n"
+            'tgi_request_generated_tokens_bucket{le="1"} 0\n'
+            f'tgi_request_generated_tokens_bucket{{le="+Inf"}} {int(tokens // 100)}\n'
+            f"tgi_request_generated_tokens_sum {tokens}\n"
+            f"tgi_request_generated_tokens_count {int(tokens // 100)}\n")
+
+
+def _llamacpp_page(work: Work) -> str:
+    """`tools/server/server.cpp` metrics handler."""
+    return (_series("llamacpp:tokens_predicted_total", "counter", "Number of generation tokens processed.",
+                    [("", sum(work.tokens()))])
+            + _series("llamacpp:requests_processing", "gauge", "Number of requests processing.",
+                      [("", sum(work.split("running")))])
+            + _series("llamacpp:requests_deferred", "gauge", "Number of requests deferred.",
+                      [("", sum(work.split("waiting")))]))
+
+
+PAGES = {"vllm": _vllm_page, "sglang": _sglang_page, "tgi": _tgi_page, "llamacpp": _llamacpp_page}
+
+
+def _vllm_stats(clock: str, rank: int, running: int, waiting: int, throughput: float, ranks: int) -> str:
+    return (f"(APIServer pid={os.getpid()}) INFO 11-20 {clock} [loggers.py:276] Engine {rank:03d}: Avg prompt "
+            f"throughput: 0.0 tokens/s, Avg generation throughput: {throughput:.1f} tokens/s, Running: {running} "
+            f"reqs, Waiting: {waiting} reqs, GPU KV cache usage: 12.5%, Prefix cache hit rate: 0.0%\n")
+
+
+def _sglang_stats(clock: str, rank: int, running: int, waiting: int, throughput: float, ranks: int) -> str:
+    prefix = f"DP{rank} TP0" if ranks > 1 else "TP0"
+    return (f"[2026-11-20 {clock} {prefix}] Decode batch, #running-req: {running}, #token: 4096, token usage: "
+            f"0.03, cuda graph: True, gen throughput (token/s): {throughput:.2f}, #queue-req: {waiting}\n")
+
+
+STATS_LINES = {"vllm": _vllm_stats, "sglang": _sglang_stats}
+
+
 class _Health(BaseHTTPRequestHandler):
     status = 200
+    work: Work | None = None
 
     def do_GET(self) -> None:
+        if self.path.startswith("/metrics") and self.work is not None:
+            self._metrics(self.work)
+            return
         body = b'{"status":"ok"}' if self.status == 200 else b'{"error":{"message":"Loading model","code":503}}'
+        self._send(body, "application/json")
+
+    def _metrics(self, work: Work) -> None:
+        mode = work.spec.get("metrics", "serve")
+        if mode == "hang":  # llama.cpp: the handler waits on a stuck main loop
+            time.sleep(3600)
+        if mode == "off":
+            self.status = 404
+            self._send(b"File Not Found", "text/plain")
+            return
+        self._send(work.page(), "text/plain; version=0.0.4; charset=utf-8")
+
+    def _send(self, body: bytes, content_type: str) -> None:
         self.send_response(self.status)
-        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
@@ -69,8 +200,8 @@ class _Health(BaseHTTPRequestHandler):
         pass
 
 
-def _http(host: str, port: int, status: int) -> ThreadingHTTPServer:
-    handler = type("Handler", (_Health,), {"status": status})
+def _http(host: str, port: int, status: int, work: Work | None = None) -> ThreadingHTTPServer:
+    handler = type("Handler", (_Health,), {"status": status, "work": work})
     server = ThreadingHTTPServer((host, port), handler)
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -81,7 +212,7 @@ def main(engine: str) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--host", "--hostname", default="127.0.0.1")
     parser.add_argument("--port", required=True)  # the last one given wins; only it must be a number
-    parser.add_argument("--tp", "--tp-size", "--tensor-parallel-size", dest="tp", type=int, default=1)
+    parser.add_argument("--tp", "--tp-size", "--tensor-parallel-size", "--num-shard", dest="tp", type=int, default=1)
     args, _ = parser.parse_known_args()
     args.port = int(args.port)
     with open(os.environ["ENGINESIM_SCENARIO"]) as handle:
@@ -113,7 +244,12 @@ def main(engine: str) -> None:
     if final == "crash":
         os._exit(1)
     if final == "serve":
-        _http(args.host, args.port, 200)
+        work = Work(engine, scenario["work"]) if "work" in scenario else None
+        _http(args.host, args.port, 200, work)
+        while work is not None:
+            sys.stdout.write(work.stats_lines())
+            sys.stdout.flush()
+            time.sleep(float(work.spec.get("interval", 0.5)))
     elif final == "hang":
         listener = socket.socket()
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
