@@ -69,10 +69,13 @@ def panels() -> list[dict[str, Any]]:
         panel("Processes by state", "timeseries", 12, 19, 12, 8, [target(
             f"stallwatch_server_processes{{{SEL}}} > 0", "{{server}} {{state}}")],
               description="R running, S sleeping, D uninterruptible, Z zombie, T stopped."),
-        panel("Log last-line age", "timeseries", 0, 27, 12, 8, [
+        panel("Log last-line and last-progress age", "timeseries", 0, 27, 12, 8, [
             target(f"stallwatch_log_last_line_age_seconds{{{SEL}}}", "{{server}} {{path}}"),
             target(f"stallwatch_stall_log_stale_threshold_seconds{{{SEL}}}", "{{server}} threshold", "B"),
-        ], unit="s", description="Seconds since each log grew, against the stale threshold."),
+            target(f"time() - stallwatch_log_last_progress_timestamp_seconds{{{SEL}}}", "{{server}} since progress",
+                   "C"),
+        ], unit="s", description="Seconds since each log grew, and since its last line that is not a heartbeat "
+                                 "(the rules' \"log silent\"), against the stale threshold."),
         panel("Weight shards", "timeseries", 12, 27, 12, 8, [
             target(f"stallwatch_weight_shards_loaded{{{SEL}}}", "{{server}} loaded"),
             target(f"stallwatch_weight_shards_expected{{{SEL}}}", "{{server}} expected", "B"),
@@ -93,6 +96,30 @@ def panels() -> list[dict[str, Any]]:
             target(f"stallwatch_collector_success{{{INST}}}", "{{instance}} {{collector}}"),
             target(f"stallwatch_nvml_up{{{INST}}}", "{{instance}} nvml", "B"),
         ], description="1 when each collector succeeded; nvml 0 means no GPU metrics."),
+        *engine_panels(51),
+    ]
+
+
+ENGINE_PANEL = "Engine: "
+
+
+def engine_panels(y: int) -> list[dict[str, Any]]:
+    """The engine's own view (source "metrics": its /metrics page, "log": its stats lines)."""
+    return [
+        panel(f"{ENGINE_PANEL}generated tokens/s", "timeseries", 0, y, 8, 8, [target(
+            f"sum by (server, source) (rate(stallwatch_engine_generated_tokens_total{{{SEL}}}[$__rate_interval]))",
+            "{{server}} ({{source}})")], unit="short",
+              description="Tokens generated per second. 0 while requests run or wait is the post-ready hang "
+                          "(InferenceServerNoTokenProgress)."),
+        panel(f"{ENGINE_PANEL}requests running and waiting", "timeseries", 8, y, 8, 8, [
+            target(f"stallwatch_engine_requests_running{{{SEL}}}", "{{server}} running ({{source}})"),
+            target(f"stallwatch_engine_requests_waiting{{{SEL}}}", "{{server}} waiting ({{source}})", "B"),
+        ], unit="short", description="Requests the engine runs and queues, as it last reported them."),
+        panel(f"{ENGINE_PANEL}figures age and /metrics", "timeseries", 16, y, 8, 8, [
+            target(f"time() - stallwatch_engine_stats_timestamp_seconds{{{SEL}}}", "{{server}} age ({{source}})"),
+            target(f"stallwatch_engine_metrics_up{{{SEL}}}", "{{server}} /metrics up", "B"),
+        ], description="Seconds since the engine's figures were last seen (the rules read them while under 60 s); "
+                       "1 when its /metrics answered the last fetch."),
     ]
 
 

@@ -1,6 +1,7 @@
-"""End to end: simulated engines -> stallwatch (fake NVML) -> real Prometheus (shipped rules) -> real
-Alertmanager -> a webhook in this test. The seed stall pages, a healthy idle server stays silent, and the
-page resolves once the stalled server is restarted and serves."""
+"""End to end: simulated engines -> stallwatch (fake NVML) -> real Prometheus (shipped rules, time compressed)
+-> real Alertmanager -> a webhook in this test. The seed stall pages within log_stale + 2 (scaled) minutes of its
+last log line, a healthy idle server stays silent, and the page resolves once the stalled server is restarted
+and serves; the post-ready hang pages within 5 (scaled) minutes of its last token."""
 
 from __future__ import annotations
 
@@ -37,7 +38,8 @@ class Webhook:
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                received.extend(body["alerts"])
+                now = time.time()
+                received.extend({**alert, "received_at": now} for alert in body["alerts"])
                 self.send_response(200)
                 self.end_headers()
 
@@ -82,14 +84,58 @@ def daemons() -> Iterator[list[Daemon]]:
         d.stop()
 
 
+# Time compression: one minute of the shipped rules lasts SCALE seconds here. Every `for:` and every range or
+# offset in an expression (`[5m]`, `offset 2m`) is rewritten by scaled(), so the windows keep their proportions
+# (the 5m idle window becomes 10 s, the 2m token window 4 s, a 1m `for` 2 s) and the test runs in seconds.
+# Not rewritten: numbers of seconds compared in expressions (the engine figures count while under 60 s old: the
+# exporter here refreshes them every second) and annotation templates. Thresholds such as log_stale come from
+# the exporter's config. What does not scale: discovery, scrape, evaluation (1 s each here) and Alertmanager's
+# 1 s group_wait; PIPELINE bounds what they add to a page.
+SCALE = 2.0
+PIPELINE = 5.0
+_DURATION = re.compile(r"(\d+)([smh])")
+_WINDOW = re.compile(r"\[(\d+[smh])\]|offset (\d+[smh])")
+
+
+def rule_seconds(duration: str) -> float:
+    """How many seconds a duration of the shipped rules ("5m") lasts here (10.0)."""
+    value, unit = _DURATION.fullmatch(duration).groups()  # type: ignore[union-attr]
+    return int(value) * {"s": 1, "m": 60, "h": 3600}[unit] * SCALE / 60
+
+
+def scaled(duration: str) -> str:
+    """A duration of the shipped rules ("5m") as it lasts here ("10s")."""
+    millis = round(rule_seconds(duration) * 1000)
+    return f"{millis // 1000}s" if millis % 1000 == 0 else f"{millis}ms"
+
+
 def shortened_rules(path: Path) -> None:
-    """The shipped rules with every `for:` cut to 2 s, so the test runs in seconds, not minutes."""
+    """The shipped rules, time compressed by SCALE (see above)."""
     rules = yaml.safe_load((ROOT / "rules" / "stallwatch.rules.yml").read_text())
     for group in rules["groups"]:
         for rule in group["rules"]:
             if "for" in rule:
-                rule["for"] = "2s"
+                rule["for"] = scaled(rule["for"])
+            rule["expr"] = _WINDOW.sub(lambda m: f"[{scaled(m.group(1))}]" if m.group(1)
+                                       else f"offset {scaled(m.group(2))}", rule["expr"])
     path.write_text(yaml.safe_dump(rules, sort_keys=False))
+
+
+def test_shortened_rules_scale_every_window(tmp_path: Path) -> None:
+    path = tmp_path / "rules.yml"
+    shortened_rules(path)
+    shipped = yaml.safe_load((ROOT / "rules" / "stallwatch.rules.yml").read_text())
+    ours = yaml.safe_load(path.read_text())
+    for rule in (r for g in ours["groups"] for r in g["rules"]):
+        assert not re.search(r"\[\d+[mh]\]|offset \d+[mh]", rule["expr"]), f"a window left at real time: {rule}"
+    loaded = {r["alert"]: r for g in ours["groups"] for r in g["rules"] if "alert" in r}
+    assert loaded["InferenceServerLoadedButIdle"]["for"] == "2s"
+    assert "[10s]" in loaded["InferenceServerLoadedButIdle"]["expr"]
+    assert "[4s]" in loaded["InferenceServerNoTokenProgress"]["expr"]
+    assert [r.get("record") or r["alert"] for g in shipped["groups"] for r in g["rules"]] == \
+        [r.get("record") or r["alert"] for g in ours["groups"] for r in g["rules"]]
+    result = subprocess.run([require("promtool"), "check", "rules", str(path)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
 
 
 def alertmanager(daemons: list[Daemon], tmp_path: Path, hook: Webhook) -> int:
@@ -143,7 +189,12 @@ def pids_with_titles(main: int, prefix: str, count: int) -> list[int]:
 EXPORTER_CONFIG = ("discovery: {enabled: true, interval: 1s}\n"
                    "defaults:\n  stall: {gpu_memory_bytes: 70e9, log_stale: 3s}\n"
                    "  probe: {timeout: 1s, interval: 1s}\n"
-                   "logs: {poll_interval: 0.5s}\n")
+                   "logs: {poll_interval: 0.5s}\n"
+                   "engine_metrics: {interval: 1s, timeout: 1s}\n")
+ENGINE_PANEL = "Engine: "  # the title prefix of the dashboard's panels of the engine's own view
+
+
+STALL_LOG_STALE = 12.0  # seconds: at least the scaled idle window (5m -> 10 s), as the latency promise assumes
 
 
 def test_stall_pages_idle_server_does_not_and_restart_resolves(
@@ -152,21 +203,34 @@ def test_stall_pages_idle_server_does_not_and_restart_resolves(
     started = time.monotonic()
     hook = Webhook()
     am_port = alertmanager(daemons, tmp_path, hook)
-
-    stalled = engine("sglang", t.sglang_until_shards(tp=8, shards=64), final="stall", tp=8)
-    idle = engine("vllm", t.vllm_healthy(tp=1), final="serve", tp=1)
+    # Exporter and Prometheus first, so that the windows are full of samples when the stall begins (a stall that
+    # began before Prometheus watched is the "exporter just started" case of the promtool tests).
     nvml = gpus(10, used=76e9, util=0)
-    e = exporter(nvml={"gpus": nvml}, config=EXPORTER_CONFIG)
+    e = exporter(nvml={"gpus": nvml},
+                 config=EXPORTER_CONFIG.replace("log_stale: 3s", f"log_stale: {STALL_LOG_STALE:g}s"))
+    query = prometheus(daemons, tmp_path, am_port, e.port)
+    poll(lambda: query('up{job="stallwatch"} == 1'), timeout=30, what="the first scrape")
 
+    transcript = t.sglang_until_shards(tp=8, shards=64)
+    stalled = engine("sglang", transcript, final="stall", tp=8)
+    # vLLM always serves its /metrics: 0 running, 0 waiting, its counter still.
+    idle = engine("vllm", t.vllm_healthy(tp=1), final="serve", tp=1,
+                  work={"running": 0, "waiting": 0, "throughput": 0.0, "tokens_start": 5000, "interval": 0.5})
     tp = poll(lambda: pids_with_titles(stalled.proc.pid, "sglang::scheduler_TP", 8), timeout=30, what="8 schedulers")
     core = poll(lambda: pids_with_titles(idle.proc.pid, "VLLM::EngineCore", 1), timeout=30, what="EngineCore")
     for gpu, pid in enumerate(tp + core + core):  # TP ranks on GPUs 0-7, the idle server on 8 and 9
         nvml[gpu]["processes"] = [{"pid": pid, "used": 75e9}]
     e.nvml.update(gpus=nvml)
-    query = prometheus(daemons, tmp_path, am_port, e.port)
+    poll(lambda: stalled.log.stat().st_size >= len(transcript.encode()), timeout=30, what="the stall's last line")
+    last_line = stalled.log.stat().st_mtime
 
     page = poll(lambda: hook.find("InferenceServerLoadedButIdle", stalled.name, "firing"), timeout=90,
-                interval=0.5, what="the page at the webhook")
+                interval=0.2, what="the page at the webhook")
+    # The latency promise, scaled: not before log_stale, within log_stale + 2 minutes (+ the unscaled pipeline).
+    latency = page["received_at"] - last_line
+    print(f"seed stall: paged {latency:.1f} s after the last log line (log_stale {STALL_LOG_STALE:g} s, "
+          f"bound {STALL_LOG_STALE + rule_seconds('2m') + PIPELINE:g} s)")
+    assert STALL_LOG_STALE <= latency <= STALL_LOG_STALE + rule_seconds("2m") + PIPELINE
     assert page["labels"]["severity"] == "critical"
     assert page["labels"]["instance"] == f"127.0.0.1:{e.port}"
     notes = page["annotations"]
@@ -197,6 +261,53 @@ def test_stall_pages_idle_server_does_not_and_restart_resolves(
     assert time.monotonic() - started < 180
 
 
+def test_post_ready_hang_pages_idle_and_busy_servers_do_not(
+    exporter, engine, daemons: list[Daemon], tmp_path: Path
+) -> None:
+    """vLLM #23378: serving, /health 200, 255 requests running, the token counter on /metrics frozen and the stats
+    line saying `Avg generation throughput: 0.0 tokens/s` every interval. Beside it a healthy idle server (0
+    running, 0 waiting) and a busy one (tokens flowing): neither pages."""
+    hook = Webhook()
+    am_port = alertmanager(daemons, tmp_path, hook)
+    e = exporter(nvml={"gpus": gpus(2, used=1e9, util=0)}, config=EXPORTER_CONFIG)
+    query = prometheus(daemons, tmp_path, am_port, e.port)
+    poll(lambda: query('up{job="stallwatch"} == 1'), timeout=30, what="the first scrape")
+
+    # The hang: the counter never moves from tokens_start, so its last token is when the engine began serving,
+    # which is at most the time the simulator has printed its (instant) transcript.
+    hung = engine("vllm", t.vllm_healthy(tp=1), final="serve", tp=1,
+                  work={"running": 255, "waiting": 0, "throughput": 0.0, "tokens_start": 1234567, "interval": 0.5})
+    last_token = time.time()
+    idle = engine("vllm", t.vllm_healthy(tp=1), final="serve", tp=1,
+                  work={"running": 0, "waiting": 0, "throughput": 0.0, "tokens_start": 99, "interval": 0.5})
+    busy = engine("vllm", t.vllm_healthy(tp=1), final="serve", tp=1,
+                  work={"running": 12, "waiting": 3, "throughput": 800.0, "interval": 0.5})
+
+    page = poll(lambda: hook.find("InferenceServerNoTokenProgress", hung.name, "firing"), timeout=60,
+                interval=0.2, what="the post-ready hang's page")
+    latency = page["received_at"] - last_token
+    window = rule_seconds("2m") + rule_seconds("1m")  # token window + `for`
+    print(f"post-ready hang: paged {latency:.1f} s after its last token (bound {rule_seconds('5m') + PIPELINE:g} s)")
+    assert window <= latency <= rule_seconds("5m") + PIPELINE
+    assert page["labels"]["severity"] == "critical"
+    assert page["annotations"]["description"].startswith(
+        f"{hung.name} on 127.0.0.1:{e.port} has had 255 or more requests running or waiting and has generated no "
+        "token for 3 minutes (figures from its /metrics page); health probe passing.")
+    assert page["annotations"]["runbook_url"].endswith("#inferenceservernotokenprogress")
+
+    # The engine's panels show the hang: tokens/s, running, waiting, figures' age.
+    empty = [title for title, expr in dashboard_queries() if title.startswith(ENGINE_PANEL) and not query(expr)]
+    assert empty == [], f"engine panels without data: {empty}"
+    rate = query(f'rate(stallwatch_engine_generated_tokens_total{{server="{busy.name}",source="metrics"}}[5s])')
+    assert rate and float(rate[0]["value"][1]) > 0
+
+    # Idle and busy stay silent for the whole run (several token windows long by now).
+    time.sleep(rule_seconds("2m"))
+    for server in (idle.name, busy.name):
+        assert query(f'ALERTS{{server="{server}"}}') == [], server
+        assert not [a for a in hook.alerts if a["labels"].get("server") == server], server
+
+
 def test_containerized_stall_pages_and_containerized_idle_server_does_not(
     exporter, daemons: list[Daemon], tmp_path: Path
 ) -> None:
@@ -208,7 +319,8 @@ def test_containerized_stall_pages_and_containerized_idle_server_does_not(
         stalled = stack.enter_context(Pod(tmp_path, "sglang", t.sglang_until_shards(tp=4, shards=64),
                                           namespace="llm", pod="kimi-0", final="stall", tp=4, host="127.0.0.1"))
         idle = stack.enter_context(Pod(tmp_path, "vllm", t.vllm_healthy(tp=1), namespace="llm", pod="llama-0",
-                                       final="serve", tp=1, port=8000, host="0.0.0.0"))
+                                       final="serve", tp=1, port=8000, host="0.0.0.0",
+                                       work={"running": 0, "waiting": 0, "throughput": 0.0, "interval": 0.5}))
         hook = Webhook()
         am_port = alertmanager(daemons, tmp_path, hook)
         nvml = gpus(6, used=76e9, util=0)
@@ -225,7 +337,9 @@ def test_containerized_stall_pages_and_containerized_idle_server_does_not(
         description = page["annotations"]["description"]
         assert "phase loading_weights, health probe absent, port not listening." in description
         assert "Model moonshotai/Kimi-K2-Instruct, TP 4, kubernetes pod llm/kimi-0." in description
-        # The idle pod serves, probed at its own address: nothing at all, for the whole run.
+        # The idle pod serves, probed at its own address, its /metrics fetched there: nothing at all, for the
+        # whole run.
         assert query(f'stallwatch_probe_success{{server="llm/llama-0",url="http://{idle.address}:8000/health"}}')
+        assert query('stallwatch_engine_metrics_up{server="llm/llama-0"} == 1')
         assert query('ALERTS{server="llm/llama-0"}') == []
         assert not [a for a in hook.alerts if a["labels"].get("server") == "llm/llama-0"]

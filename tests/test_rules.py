@@ -64,3 +64,42 @@ def test_example_prometheus_and_alertmanager_configs() -> None:
     result = subprocess.run([require("amtool"), "check-config", str(deploy / "alertmanager.yml")],
                             capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def rule_blocks() -> list[list[str]]:
+    """The rules file's lines, one list per rule (from its first line to the next rule's), with the comment
+    lines just above a rule counted as its own."""
+    blocks: list[list[str]] = []
+    pending: list[str] = []
+    for line in RULES.read_text().splitlines():
+        if line.strip().startswith("#"):
+            pending.append(line)
+            continue
+        if re.match(r"\s+- (record|alert):", line):
+            blocks.append(pending)
+        elif blocks:
+            blocks[-1].extend(pending)
+        pending = []
+        if blocks:
+            blocks[-1].append(line)
+    return blocks
+
+
+def test_every_window_says_why() -> None:
+    """Each `for:` has a comment right above it; each range or offset in an expression is named in a comment
+    of its rule (the windows decide how fast a page comes and what stays silent)."""
+    blocks = rule_blocks()
+    assert len(blocks) == sum(len(g["rules"]) for g in yaml.safe_load(RULES.read_text())["groups"])
+    for block in blocks:
+        name = next(line for line in block if not line.strip().startswith("#")).split(":", 1)[1].strip()
+        expr = "\n".join(line for line in block[:next((i for i, line in enumerate(block)
+                                                       if re.match(r"\s+(labels|annotations):", line)), len(block))]
+                         if not line.strip().startswith("#"))
+        comments = "\n".join(line for line in block if line.strip().startswith("#"))
+        for i, line in enumerate(block):
+            if re.match(r"\s+for:", line):
+                assert block[i - 1].strip().startswith("#"), f"{name}: say why its `for` is {line.strip()}"
+        for window in set(re.findall(r"\[(\d+[smh])\]|offset (\d+[smh])", expr)):
+            duration = window[0] or window[1]
+            assert re.search(rf"\b{duration}\b", comments), f"{name}: no comment says why its window is {duration}"
+
