@@ -291,3 +291,15 @@ def test_stats_lines_and_page_of_a_vllm_in_a_cri_pod(exporter, tmp_path: Path) -
         s = e.wait_for(figures, timeout=30, what="figures of the pod from its page and its CRI log")
         assert _value(s, "engine_requests_waiting", "llm/busy-0", "log") == 2
         assert _value(s, "engine_metrics_up", "llm/busy-0") == 1
+
+
+def test_a_page_with_values_that_are_not_finite_is_refused() -> None:
+    from stallwatch.engines import ENGINES
+    from stallwatch.enginestats import parse_page
+
+    spec = ENGINES["vllm"].metrics
+    assert spec is not None
+    page = (f"# TYPE {spec.running} gauge\n{spec.running} +Inf\n# TYPE {spec.waiting} gauge\n{spec.waiting} 0\n"
+            f"# TYPE {spec.tokens} counter\n{spec.tokens} 12\n")
+    with pytest.raises(ValueError, match="not finite"):
+        parse_page(page, spec)

@@ -68,6 +68,9 @@ def parse_page(text: str, spec: MetricsSpec) -> tuple[float, float, float]:
     missing = [name for name in names if values[name] is None]
     if missing:
         raise ValueError(f"no samples of {', '.join(missing)}")
+    odd = [name for name in names if not math.isfinite(values[name] or 0.0)]
+    if odd:  # an Inf would stick in the monotonic counter for good (NaN samples are skipped above)
+        raise ValueError(f"values that are not finite: {', '.join(odd)}")
     running, waiting, tokens = (float(values[name] or 0.0) for name in names)
     return running, waiting, tokens
 
