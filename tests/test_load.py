@@ -26,6 +26,11 @@ from harness import Engine, Exporter, gpus, poll
 # --- a minimal keep-alive scraper (cheap on the client's GIL, so latencies are the exporter's) -----------------
 
 
+# The targets (p99 <= 100 ms for 50 scrapers, <= 50 ms beside idle and slowloris connections) are checked at full
+# size by tests/bench/bench_http.py. Here, on CI's shared 2 cores, the same runs allow twice that: what they catch is
+# a server that stalls for seconds (an accept loop or a worker held by a client), not a GC pause.
+CI_SLACK = 2
+
 class Scraper:
     def __init__(self, port: int, path: str = "/metrics", context: ssl.SSLContext | None = None,
                  headers: str = "") -> None:
@@ -226,7 +231,7 @@ def test_concurrent_scrapers(rig: Rig) -> None:
     figures = concurrent_scrapers(rig.exporter.port, scrapers=50, seconds=10, pause=0.5)
     print("\n" + figures.line("50 concurrent scrapers, 10 s"))
     assert not figures.errors, figures.errors[:5]
-    assert figures.q(0.99) <= 100, figures.line("p99 over 100 ms")
+    assert figures.q(0.99) <= CI_SLACK * 100, figures.line(f"p99 over {CI_SLACK * 100} ms")
 
 
 def test_idle_connections_and_slowloris_do_not_slow_scrapes(rig: Rig) -> None:
@@ -238,7 +243,7 @@ def test_idle_connections_and_slowloris_do_not_slow_scrapes(rig: Rig) -> None:
     print("\n" + figures.line("scrapes beside 300 idle + 60 slowloris connections")
           + f"; exporter threads {threads_before} -> {threads_during}")
     assert not figures.errors, figures.errors[:5]
-    assert figures.q(0.99) <= 50, figures.line("p99 over 50 ms")
+    assert figures.q(0.99) <= CI_SLACK * 50, figures.line(f"p99 over {CI_SLACK * 50} ms")
     assert threads_during <= threads_before + 2  # nothing per connection
 
 
@@ -271,7 +276,7 @@ def test_tls_handshakeless_clients_do_not_stall_scrapes(tmp_path: Path) -> None:
     figures = tls_beside_handshakeless(tmp_path, silent=20, scrapers=4, seconds=3, pause=0.05)
     print("\n" + figures.line("TLS scrapes beside 20 handshake-less + 1 half ClientHello"))
     assert not figures.errors, figures.errors[:5]
-    assert figures.q(0.99) <= 100
+    assert figures.q(0.99) <= CI_SLACK * 100, figures.line(f"p99 over {CI_SLACK * 100} ms")
 
 
 def test_fd_exhaustion_backs_off_and_recovers(rig: Rig) -> None:
