@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry
 
 from stallwatch import __version__, webconfig
 from stallwatch import config as config_module
+from stallwatch import diagnose as diagnose_module
 from stallwatch.collectors import REGISTRY, build
 from stallwatch.config import Config, ConfigError
 from stallwatch.web import make_app, serve
@@ -44,10 +45,17 @@ def _parser() -> argparse.ArgumentParser:
                             action=argparse.BooleanOptionalAction,
                             help=f"{registration.help} (default: the config's {name}.enabled, true)")
     parser.add_argument("--version", action="version", version=f"stallwatch {__version__}")
-    commands = parser.add_subparsers(dest="command", metavar="{serve,check-config,version}")
+    commands = parser.add_subparsers(dest="command", metavar="{serve,check-config,diagnose,version}")
     commands.add_parser("serve", help="serve metrics (the default)")
     check = commands.add_parser("check-config", help="validate a config file; exit 0 or 2")
     check.add_argument("file")
+    diagnose = commands.add_parser(
+        "diagnose", help="report on each watched server (or SERVER) now: phase, GPUs, processes, stacks, port, "
+                         "log, verdict; exit 0 healthy, 1 stalled or failed, 2 bad input")
+    diagnose.add_argument("server", nargs="?", help="the server's name (default: every watched server)")
+    diagnose.add_argument("--json", action="store_true", help="one JSON document (diagnose.schema.json)")
+    diagnose.add_argument("--window", type=float, default=2.0,
+                          help="seconds over which CPU and token progress are sampled (default 2)")
     commands.add_parser("version", help="print the version")
     return parser
 
@@ -71,6 +79,15 @@ def _with_path_flags(config: Config, args: argparse.Namespace) -> Config:
     return dataclasses.replace(config, paths=paths)
 
 
+def _diagnose(config: Config, args: argparse.Namespace) -> int:
+    if not 0 < args.window <= 60:
+        raise ValueError(f"--window: expected seconds in (0, 60], got {args.window}")
+    report = diagnose_module.gather(config, args.server, args.window)
+    render = diagnose_module.render_json if args.json else diagnose_module.render_text
+    sys.stdout.write(render(report).rstrip("\n") + "\n")
+    return report.exit_code
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper().replace("WARN", "WARNING"), stream=sys.stderr,
@@ -85,9 +102,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         config = config_module.load(args.config_file) if args.config_file else Config()
         config = _with_path_flags(config, args)
+        if args.command == "diagnose":
+            return _diagnose(config, args)
         host, port = _listen_address(args.listen_address)
         web_config = webconfig.load(args.web_config_file) if args.web_config_file else None
-    except (ConfigError, ValueError) as exc:
+    except (ConfigError, ValueError, diagnose_module.UnknownServer) as exc:
         print(f"stallwatch: error: {exc}", file=sys.stderr)
         return 2
 

@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 from urllib.parse import urlsplit
 
 from stallwatch.enginestats import Figures, MonotonicCounter, parse_page
@@ -48,6 +49,36 @@ def metrics_url(server: Server) -> tuple[str, bool] | None:
     return url, target.derived
 
 
+class Page(NamedTuple):
+    """One read of a server's metrics page: whether it answered (None: no page to fetch), its running, waiting
+    and generated-tokens figures, and what went wrong."""
+
+    up: bool | None
+    figures: tuple[float, float, float] | None
+    error: str
+
+
+def read_page(server: Server, timeout: float) -> Page:
+    """Fetch and parse the server's metrics page once, by the rules above."""
+    found = metrics_url(server)
+    if found is None:
+        return Page(None, None, "")
+    url, derived = found
+    if derived and not server.own_listeners():
+        return Page(False, None, "")  # not up yet (or gone): what a fetch would find, not worth a warning
+    result, body = fetch(url, timeout, MAX_BODY_BYTES)
+    if not result.success:
+        return Page(False, None, f"GET {url}: {result.reason} (HTTP {result.status})")
+    if body is None:
+        return Page(False, None, f"GET {url}: the page is over {MAX_BODY_BYTES} bytes")
+    spec = server.engine.metrics
+    assert spec is not None
+    try:
+        return Page(True, parse_page(body.decode("utf-8", "replace"), spec), "")
+    except ValueError as exc:
+        return Page(False, None, f"GET {url}: {exc}")
+
+
 class _Loop:
     def __init__(self, server: Server, state: MetricsState, interval: float, timeout: float,
                  wall: Callable[[], float]) -> None:
@@ -66,30 +97,11 @@ class _Loop:
                 return
 
     def _once(self) -> None:
-        found = metrics_url(self.server)
-        if found is None:
-            self._set(None, None, "")
+        page = read_page(self.server, self.timeout)
+        if page.figures is None:
+            self._set(page.up, None, page.error)
             return
-        url, derived = found
-        if derived and not self.server.own_listeners():
-            self._set(False, None, "")  # not up yet (or gone): what a fetch would find, not worth a warning
-            return
-        result, body = fetch(url, self.timeout, MAX_BODY_BYTES)
-        if not result.success:
-            self._set(False, None, f"GET {url}: {result.reason} (HTTP {result.status})")
-        elif body is None:
-            self._set(False, None, f"GET {url}: the page is over {MAX_BODY_BYTES} bytes")
-        else:
-            self._parse(url, body)
-
-    def _parse(self, url: str, body: bytes) -> None:
-        spec = self.server.engine.metrics
-        assert spec is not None
-        try:
-            running, waiting, tokens = parse_page(body.decode("utf-8", "replace"), spec)
-        except ValueError as exc:
-            self._set(False, None, f"GET {url}: {exc}")
-            return
+        running, waiting, tokens = page.figures
         with self.lock:
             total = self.state.counter.update(tokens, self.server.main_key)
         self._set(True, Figures(running, waiting, total, self._wall()), "")

@@ -307,8 +307,11 @@ class LogManager:
     """Follows every watched server's log files from one thread, woken by inotify or the poll interval."""
 
     def __init__(self, watcher: Watcher, poll_interval: float, wall: Callable[[], float] = time.time,
-                 stale_after: float | None = None) -> None:
+                 stale_after: float | None = None, replay_events: bool = False) -> None:
+        """`replay_events`: count the events of a recovered file's replay (from its last launch) too, as a one-shot
+        reader (`stallwatch diagnose`) wants the events of the current launch."""
         self.watcher = watcher
+        self._replay_events = replay_events
         self.poll_interval = poll_interval
         self._wall = wall
         # A pass takes milliseconds (reads are budgeted per file): one this late means the loop is stuck.
@@ -355,7 +358,7 @@ class LogManager:
                     continue
                 # Replayed lines are new events only when the process started after us; psutil's create_time
                 # rests on a boot time in whole seconds: allow for that.
-                launched_since = server.main_key is not None and launch >= self._started - 2.0
+                launched_since = self._replay_events or (server.main_key is not None and launch >= self._started - 2.0)
                 self._files[key] = LogFile(server.name, source, server.tracker, self._wall,
                                            recover=os.path.exists(source.open_path), recover_events=launched_since)
             files = list(self._files.values())
@@ -367,6 +370,13 @@ class LogManager:
         # The configured paths' directories too: a file that does not exist yet wakes us when it appears.
         self._watch({os.path.dirname(os.path.abspath(source.open_path)) for s in servers for source in s.log_sources
                      if source.open_path and not source.open_path.startswith(self.watcher.config.paths.procfs)})
+
+    def close(self) -> None:
+        """Close every file (a one-shot reader that never started the loop)."""
+        with self._lock:
+            for f in self._files.values():
+                f.close()
+            self._files.clear()
 
     def _watch(self, directories: set[str]) -> None:
         if self._observer is None:

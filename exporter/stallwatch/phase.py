@@ -66,12 +66,16 @@ class PhaseTracker:
         self.fatal_in_launch = False
         self.last_progress: float | None = None  # when a line that is not a heartbeat last came
         self.stats = LogStats(engine.stats_lines)
+        self.timeline: list[str] = [self.phase]  # the phases of the current launch, in order
+        self.tap: Callable[[bytes], None] | None = None  # sees every block fed (diagnose keeps the log's tail)
 
     # -- log input -------------------------------------------------------------------------------------
     def feed(self, block: bytes, count_events: bool = True) -> None:
         """Complete lines (ending in `\\n` or `\\r`) from any of the server's logs, in order."""
         if b"\x1b" in block:
             block = ANSI.sub(b"", block)
+        if self.tap is not None:
+            self.tap(block)
         with self._lock:
             self._progress(block)
             # Read before the bulk skip below drops the stats lines; counted after the block's launch lines.
@@ -147,11 +151,13 @@ class PhaseTracker:
         self.fatal_in_launch = False
         self.stats.relaunched()
         self._enter("launching")
+        self.timeline = ["launching"]
 
     def _enter(self, phase: str) -> None:
         if phase != self.phase:
             self.phase = phase
             self.since = self._wall()
+            self.timeline = [*self.timeline[-31:], phase]
 
     # -- other signals ---------------------------------------------------------------------------------
     def process_started(self, create_time: float) -> None:

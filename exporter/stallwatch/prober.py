@@ -148,19 +148,24 @@ class _Loop:
                 return
 
     def _probe_once(self) -> tuple[Result | None, str]:
-        spec, pid = self.target.probe, self.target.netns_pid
-        if pid is not None and not self._enter_netns:
-            return None, ("listens on loopback only inside its network namespace: start it with --host 0.0.0.0, "
-                          "or set probe.enter_netns (needs CAP_SYS_ADMIN)")
-        if self.target.derived and not self.server.own_listeners():
-            # Nothing of the server listens on its port: what a connect would say, without sending one.
-            return Result(False, 0.0, 0, "refused"), ""
-        if pid is None:
-            return probe(spec.url, spec.timeout), ""
-        try:
-            return netns.run_in_netns(self._procfs, pid, lambda: probe(spec.url, spec.timeout), spec.timeout + 1), ""
-        except OSError as exc:
-            return None, f"cannot enter its network namespace: {exc.strerror or exc}"
+        return probe_target(self.target, self.server, self._procfs, self._enter_netns)
+
+
+def probe_target(target: ProbeTarget, server: Server, procfs: str, enter_netns: bool) -> tuple[Result | None, str]:
+    """One probe of `target` now, by the prober's rules: the result (None when it cannot be made) and why not."""
+    spec, pid = target.probe, target.netns_pid
+    if pid is not None and not enter_netns:
+        return None, ("listens on loopback only inside its network namespace: start it with --host 0.0.0.0, "
+                      "or set probe.enter_netns (needs CAP_SYS_ADMIN)")
+    if target.derived and not server.own_listeners():
+        # Nothing of the server listens on its port: what a connect would say, without sending one.
+        return Result(False, 0.0, 0, "refused"), ""
+    if pid is None:
+        return probe(spec.url, spec.timeout), ""
+    try:
+        return netns.run_in_netns(procfs, pid, lambda: probe(spec.url, spec.timeout), spec.timeout + 1), ""
+    except OSError as exc:
+        return None, f"cannot enter its network namespace: {exc.strerror or exc}"
 
 
 class ProbeManager:

@@ -15,14 +15,14 @@ from stallwatch.collectors.base import Registration
 from stallwatch.config import CollectorSettings, positive_duration, setting
 from stallwatch.metrics import family
 from stallwatch.nvml import Nvml, as_str
-from stallwatch.servers import Watcher
+from stallwatch.servers import Server, Watcher
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
 @dataclass
-class _Device:
+class Device:
     index: str
     uuid: str
     name: str
@@ -57,7 +57,7 @@ class GpuCollector:
         info, up = family("gpu_info"), family("gpu_up")
         used, total = family("gpu_memory_used_bytes"), family("gpu_memory_total_bytes")
         utilization, busy = family("gpu_utilization_ratio"), family("gpu_busy_seconds_total")
-        devices: list[_Device] = []
+        devices: list[Device] = []
         for index in range(count):
             device = self._read(index, up)
             if device is None:
@@ -76,49 +76,65 @@ class GpuCollector:
         yield from (info, up, used, total, utilization, busy)
         yield self._server_memory(devices)
 
-    def _read(self, index: int, up: Metric) -> _Device | None:
-        uuid = ""
+    def _read(self, index: int, up: Metric) -> Device | None:
         try:
-            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-            uuid = as_str(pynvml.nvmlDeviceGetUUID(handle))
-            name = as_str(pynvml.nvmlDeviceGetName(handle))
-            memory = _memory(handle)
-            return _Device(
-                index=str(index),
-                uuid=uuid,
-                name=name,
-                used=float(memory.used),
-                total=float(memory.total),
-                utilization=_optional(lambda: pynvml.nvmlDeviceGetUtilizationRates(handle).gpu / 100.0),
-                processes=_optional(lambda: {
-                    p.pid: float(p.usedGpuMemory or 0)
-                    for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
-                }),
-            )
+            return read_device(index)
         except pynvml.NVMLError as exc:
             level = logging.WARNING if isinstance(exc, pynvml.NVMLError_GpuIsLost) else logging.DEBUG
             log.log(level, "GPU %d did not answer: %s: %s", index, type(exc).__name__, exc)
-            up.add_metric([str(index), uuid], 0.0)
+            up.add_metric([str(index), getattr(exc, "uuid", "")], 0.0)
             self.nvml.lost(exc)
             return None
 
-    def _server_memory(self, devices: list[_Device]) -> Metric:
+    def _server_memory(self, devices: list[Device]) -> Metric:
         metric = family("server_gpu_memory_used_bytes")
         for server in self.watcher.servers():
-            gpus = server.spec.gpus
-            pids = None if gpus is not None else {s.pid for s in server.tree()}
-            for device in devices:
-                if gpus is not None:
-                    # Listed GPUs belong to the server whole (containers without hostPID see other pids).
-                    if int(device.index) in gpus:
-                        metric.add_metric([server.name, device.index, device.uuid], device.used)
-                    continue
-                if device.processes is None or not pids:
-                    continue
-                held = [b for pid, b in device.processes.items() if pid in pids]
-                if held:
-                    metric.add_metric([server.name, device.index, device.uuid], sum(held))
+            for device, held in server_memory(server, devices):
+                metric.add_metric([server.name, device.index, device.uuid], held)
         return metric
+
+
+def read_device(index: int) -> Device:
+    """One device's identity, memory, utilization and processes; NVMLError (with `uuid` set once known) when it
+    does not answer."""
+    uuid = ""
+    try:
+        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        uuid = as_str(pynvml.nvmlDeviceGetUUID(handle))
+        name = as_str(pynvml.nvmlDeviceGetName(handle))
+        memory = _memory(handle)
+        return Device(
+            index=str(index),
+            uuid=uuid,
+            name=name,
+            used=float(memory.used),
+            total=float(memory.total),
+            utilization=_optional(lambda: pynvml.nvmlDeviceGetUtilizationRates(handle).gpu / 100.0),
+            processes=_optional(lambda: {
+                p.pid: float(p.usedGpuMemory or 0)
+                for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
+            }),
+        )
+    except pynvml.NVMLError as exc:
+        exc.uuid = uuid  # type: ignore[attr-defined]
+        raise
+
+
+def server_memory(server: Server, devices: list[Device]) -> list[tuple[Device, float]]:
+    """The memory the server holds on each device it uses: its listed GPUs whole (containers without hostPID
+    see other pids), else what NVML lists for its tree's processes."""
+    gpus = server.spec.gpus
+    if gpus is not None:
+        return [(device, device.used) for device in devices if int(device.index) in gpus]
+    pids = {s.pid for s in server.tree()}
+    out = []
+    for device in devices:
+        if device.processes is None or not pids:
+            continue
+        held = [b for pid, b in device.processes.items() if pid in pids]
+        if held:
+            out.append((device, sum(held)))
+    return out
 
 
 def _memory(handle: object) -> Any:

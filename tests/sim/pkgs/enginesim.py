@@ -44,9 +44,16 @@ CHILD_TITLES = {
 }
 
 
+def wait_for_draft_hidden_states(parent: int | None = None) -> None:
+    """Where every process of the simulated engine sleeps, named after the seeds' stall (the draft model waiting
+    on hidden states it never got) so that a stack dump shows a recognisable frame: until the parent is gone
+    (a child), or for good (the main process)."""
+    while parent is None or os.getppid() == parent:
+        time.sleep(0.2 if parent is not None else 3600)
+
+
 def _exit_with_parent(parent: int) -> None:
-    while os.getppid() == parent:
-        time.sleep(0.2)
+    wait_for_draft_hidden_states(parent)
     os._exit(0)
 
 
@@ -255,5 +262,4 @@ def main(engine: str) -> None:
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         listener.bind((args.host, args.port))
         listener.listen(64)  # accepted by the kernel, never answered
-    while True:
-        time.sleep(3600)
+    wait_for_draft_hidden_states()

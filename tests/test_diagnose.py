@@ -1,0 +1,171 @@
+"""`stallwatch diagnose` against simulated engines: verdict, sections, py-spy stacks, JSON schema, exit codes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+import transcripts
+from harness import FAKES, Engine, FakeNvml, gpus, poll
+from stallwatch import diagnose
+
+SCHEMA = json.loads((Path(diagnose.__file__).parent / "diagnose.schema.json").read_text())
+WAIT_FRAME = "wait_for_draft_hidden_states"  # where the simulated engine's processes sleep
+STALE = "defaults:\n  stall:\n    log_stale: 1s\n"  # the stall counts after 1 s of silence, not 10 minutes
+
+
+def _run(tmp: Path, *args: str, config: str | None = STALE, nvml: dict | None = None,
+         ) -> subprocess.CompletedProcess[str]:
+    fake = FakeNvml(tmp / "diagnose-nvml.json", nvml if nvml is not None else {"missing": True})
+    flags = []
+    if config is not None:
+        path = tmp / "diagnose.yml"
+        path.write_text(config)
+        flags.append(f"--config.file={path}")
+    env = dict(os.environ, PYTHONPATH=f"{FAKES}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+               STALLWATCH_FAKE_NVML=str(fake.path))
+    return subprocess.run([sys.executable, "-m", "stallwatch", *flags, "diagnose", *args, "--window=1"],
+                          capture_output=True, text=True, env=env, timeout=60)
+
+
+def _held_by(sim: Engine, count: int = 8) -> dict:
+    return {"gpus": [dict(g, processes=[{"pid": sim.proc.pid, "used": 76e9}]) for g in gpus(count)]}
+
+
+def _json(out: subprocess.CompletedProcess[str]) -> dict:
+    document = json.loads(out.stdout)
+    jsonschema.validate(document, SCHEMA)
+    assert len(document["servers"]) == 1
+    return document["servers"][0]
+
+
+def _logged(sim: Engine, text: str) -> Callable[[], bool]:
+    return lambda: sim.log.exists() and text in sim.log.read_text()
+
+
+def test_stall_after_64_of_64(tmp_path: Path, engine) -> None:
+    sim = engine("sglang", transcripts.sglang_until_shards(8, 64), final="stall")
+    poll(_logged(sim, "64/64"), what="the last shard line")
+    out = _run(tmp_path, sim.name, nvml=_held_by(sim))
+    assert out.returncode == 1, out.stderr
+    head = out.stdout.splitlines()[:6]
+    assert head[0] == f"=== {sim.name} ==="
+    assert head[1].startswith("VERDICT: STALLED: loaded but idle for ") and "in loading_weights" in head[1]
+    assert "port never opened" in head[1] and f"waiting in `{WAIT_FRAME}`" in head[1]
+    assert "engine sglang, model moonshotai/Kimi-K2-Instruct, TP 8, runtime host" in out.stdout
+    assert "weight shards: 64/64" in out.stdout and "timeline: launching -> loading_weights" in out.stdout
+    assert "server holds 76.0 GB" in out.stdout and "utilization 0%" in out.stdout
+    assert "CPU seconds over a 1 s window" in out.stdout and "scheduler_TP7" in out.stdout
+    assert "[scheduler_TP0..7, detokenizer]" in out.stdout  # identical ranks printed once
+    assert f"{WAIT_FRAME} (enginesim.py:" in out.stdout and "<-- WAIT" in out.stdout
+    assert f"port {sim.port}: not listening" in out.stdout and "failed: refused" in out.stdout
+    assert "Loading safetensors checkpoint shards: 100% Completed | 64/64" in out.stdout.splitlines()[-1]
+
+
+def test_stall_json_validates_and_has_every_section(tmp_path: Path, engine) -> None:
+    sim = engine("sglang", transcripts.sglang_until_shards(8, 64), final="stall")
+    poll(_logged(sim, "64/64"), what="the last shard line")
+    out = _run(tmp_path, sim.name, "--json", nvml=_held_by(sim))
+    assert out.returncode == 1, out.stderr
+    server = _json(out)
+    assert server["verdict"]["status"] == "stalled"
+    assert server["phase"]["phase"] == "loading_weights" and server["phase"]["shards_loaded"] == 64
+    assert server["identity"]["pid"] == sim.proc.pid and server["identity"]["tensor_parallel"] == "8"
+    assert [g["server_memory_bytes"] for g in server["gpu"]["gpus"]] == [76e9] * 8
+    roles = {p["role"] for p in server["processes"]}
+    assert {"main", "detokenizer", *(f"scheduler_TP{i}" for i in range(8))} <= roles
+    stacks = {role: group for group in server["stacks"] for role in group["roles"]}
+    for role in ("main", "scheduler_TP3", "detokenizer"):
+        frames = stacks[role]["threads"][0]["frames"]
+        assert frames[0]["function"] == WAIT_FRAME and frames[0]["wait"], frames
+    assert server["port"]["listening"] is False and server["port"]["probes"][0]["reason"] == "refused"
+    assert len(server["log"]["lines"]) <= 40 and server["log"]["lines"][-1].startswith("Loading safetensors")
+
+
+def test_healthy_idle_server(tmp_path: Path, engine) -> None:
+    sim = engine("sglang", transcripts.sglang_healthy(2), final="serve", tp=2)
+    poll(_logged(sim, "The server is fired up"), what="the ready line")
+    out = _run(tmp_path, sim.name, "--json", nvml=_held_by(sim, 2))
+    assert out.returncode == 0, out.stdout + out.stderr
+    server = _json(out)
+    assert server["verdict"]["status"] == "healthy", server["verdict"]
+    assert server["phase"]["phase"] == "serving" and server["port"]["listening"] is True
+    assert server["port"]["probes"][0]["success"] is True and server["port"]["probes"][0]["status"] == 200
+
+
+def test_crash_in_graph_capture(tmp_path: Path, engine) -> None:
+    """A configured server whose process has died: the log tells that and why."""
+    sim = engine("sglang", transcripts.sglang_graph_crash(8), final="crash")
+    sim.proc.wait(30)
+    config = (f"servers:\n  - name: kimi\n    engine: sglang\n    match: {{cmdline: 'no-such-process-d12'}}\n"
+              f"    logs: [{sim.log}]\n")
+    out = _run(tmp_path, "kimi", config=config)
+    assert out.returncode == 1, out.stdout + out.stderr
+    verdict = out.stdout.splitlines()[1]
+    assert verdict.startswith("VERDICT: FAILED: failed") and "fatal" in verdict, verdict
+    assert "Capture cuda graph failed: CUDA out of memory" in out.stdout
+    assert "GPUs: NVML unavailable" in out.stdout  # absent NVML is reported, not fatal
+    server = _json(_run(tmp_path, "kimi", "--json", config=config))
+    assert server["phase"]["phase"] == "failed" and server["log"]["events"].get("fatal", 0) >= 1
+    assert server["processes"] == [] and server["stacks"] == []
+
+
+def test_post_ready_hang(tmp_path: Path, engine) -> None:
+    hang = {"running": 255, "waiting": 0, "throughput": 0.0, "tokens_start": 1234567, "interval": 0.3}
+    sim = engine("vllm", transcripts.vllm_post_ready_hang(), final="serve", tp=2, work=hang)
+    poll(_logged(sim, "Application startup complete"), what="the ready line")
+    out = _run(tmp_path, sim.name, "--json", nvml=_held_by(sim, 2))
+    assert out.returncode == 1, out.stdout + out.stderr
+    server = _json(out)
+    assert server["verdict"]["status"] == "stalled"
+    assert "holds 255 requests" in server["verdict"]["text"] and "no token" in server["verdict"]["text"]
+    figures = server["engine_figures"]
+    assert figures["source"] == "metrics" and figures["running"] == 255 and figures["tokens_in_window"] == 0
+    assert server["port"]["probes"][0]["success"] is True
+
+
+def test_busy_server_is_healthy(tmp_path: Path, engine) -> None:
+    busy = {"running": 12, "waiting": 3, "throughput": 800.0, "interval": 0.3}
+    sim = engine("vllm", transcripts.vllm_healthy(), final="serve", tp=2, work=busy)
+    poll(_logged(sim, "Avg generation throughput"), what="a stats line")
+    out = _run(tmp_path, sim.name, nvml=_held_by(sim, 2))
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "VERDICT: HEALTHY: serving" in out.stdout and "15 requests in hand" in out.stdout
+
+
+def test_unknown_server_and_bad_config_exit_2(tmp_path: Path) -> None:
+    out = _run(tmp_path, "no-such-server-d12")
+    assert out.returncode == 2 and "no watched server named 'no-such-server-d12'" in out.stderr
+    out = _run(tmp_path, "x", config="servers: 3\n")
+    assert out.returncode == 2 and "diagnose.yml" in out.stderr
+
+
+def test_missing_pyspy_is_reported_per_process() -> None:
+    threads, error = diagnose.dump(os.getpid(), None)
+    assert threads == [] and error == "py-spy is not installed"
+    threads, error = diagnose.dump(os.getpid(), "/nonexistent/py-spy")
+    assert threads == [] and error.startswith("py-spy could not run")
+
+
+def test_parse_dump_marks_waits() -> None:
+    text = ('Process 7: python -m sglang.launch_server\nPython v3.11.2 (/usr/bin/python3.11)\n\n'
+            'Thread 7 (idle): "MainThread"\n    all_reduce (torch/distributed/distributed_c10d.py:2050)\n'
+            '    forward (model.py:10)\nThread 9 (active): "Thread-1"\n    get (queue.py:171)\n')
+    threads = diagnose.parse_dump(text)
+    assert [(t.name, t.status) for t in threads] == [("MainThread", "idle"), ("Thread-1", "active")]
+    assert [f.wait for f in threads[0].frames] == [True, False] and threads[1].frames[0].wait
+
+
+@pytest.mark.parametrize(("roles", "text"), [
+    (["scheduler_TP0", "scheduler_TP1", "detokenizer"], "scheduler_TP0..1, detokenizer"),
+    (["main"], "main"),
+])
+def test_roles_fold_ranks(roles: list[str], text: str) -> None:
+    assert diagnose._roles(roles) == text
