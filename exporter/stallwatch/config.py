@@ -235,6 +235,25 @@ def _kind(node: yaml.Node) -> str:
     return f"{node.value[:80]!r}"
 
 
+def compose(r: _Reader, text: str) -> yaml.Node | None:
+    """The YAML node tree of a config file's text, within the size and depth limits and without tags; a
+    ConfigError naming the line otherwise."""
+    if len(text) > MAX_FILE_BYTES:
+        raise ConfigError(f"{r.file}: larger than {MAX_FILE_BYTES} bytes")
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = f":{mark.line + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError(f"{r.file}{line}: invalid YAML: {problem}") from None
+    except RecursionError:  # PyYAML's composer recurses once per nesting level
+        raise ConfigError(f"{r.file}: nested deeper than {MAX_DEPTH} levels") from None
+    if root is not None:
+        _check_tree(r, root)
+    return root
+
+
 def _check_tree(r: _Reader, root: yaml.Node) -> None:
     """Refuse what the schema never needs and PyYAML would choke on later: explicit tags (`!foo`,
     `!!python/...`, `!!binary`) and nesting deeper than MAX_DEPTH. Iterative, and each node once: an alias
@@ -360,19 +379,7 @@ def parse(text: str, file: str = "<config>", sections: Mapping[str, type[Collect
     """The config in `text`; `sections` maps each collector's name to its settings class (default: all)."""
     sections = _collector_sections() if sections is None else sections
     r = _Reader(file)
-    if len(text) > MAX_FILE_BYTES:
-        raise ConfigError(f"{file}: larger than {MAX_FILE_BYTES} bytes")
-    try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = f":{mark.line + 1}" if mark is not None else ""
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise ConfigError(f"{file}{line}: invalid YAML: {problem}") from None
-    except RecursionError:  # PyYAML's composer recurses once per nesting level
-        raise ConfigError(f"{file}: nested deeper than {MAX_DEPTH} levels") from None
-    if root is not None:
-        _check_tree(r, root)
+    root = compose(r, text)
     keys = {} if root is None else r.mapping(root, "", {"servers", "discovery", "defaults", "paths", *sections})
     defaults = r.struct(keys.get("defaults"), "defaults", Defaults())
 
@@ -398,12 +405,15 @@ def parse(text: str, file: str = "<config>", sections: Mapping[str, type[Collect
 
 
 def load(path: str) -> Config:
+    return parse(read_text(path, "config file"), file=path)
+
+
+def read_text(path: str, what: str) -> str:
+    """A config file's text, or a ConfigError naming `path` and why it cannot be read."""
     try:
-        data = _read_regular(path)
-        text = data.decode("utf-8")
+        return _read_regular(path).decode("utf-8")
     except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise ConfigError(f"{path}: cannot read config file: {exc}") from None
-    return parse(text, file=path)
+        raise ConfigError(f"{path}: cannot read {what}: {exc}") from None
 
 
 def _read_regular(path: str) -> bytes:

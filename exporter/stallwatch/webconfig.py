@@ -19,7 +19,6 @@ import logging
 import os
 import re
 import ssl
-import stat
 import threading
 import time
 from collections.abc import Mapping
@@ -29,11 +28,10 @@ from typing import Any
 import bcrypt
 import yaml
 
-from stallwatch.config import ConfigError, _Reader, boolean
+from stallwatch.config import _Reader, boolean, compose, read_text
 
 log = logging.getLogger(__name__)
 
-MAX_FILE_BYTES = 1 << 20
 CLIENT_AUTH_TYPES = ("NoClientCert", "RequestClientCert", "RequireAnyClientCert", "VerifyClientCertIfGiven",
                      "RequireAndVerifyClientCert")
 TLS_VERSIONS = {"TLS10": ssl.TLSVersion.TLSv1, "TLS11": ssl.TLSVersion.TLSv1_1, "TLS12": ssl.TLSVersion.TLSv1_2,
@@ -184,15 +182,7 @@ def _http(r: _Reader, node: yaml.Node) -> dict[str, str]:
 def parse(text: str, file: str) -> WebConfig:
     """The web config in `text`; certificate files are loaded once here so that a bad one is refused at start."""
     r = _Reader(file)
-    try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-        return _config(r, root, file)
-    except yaml.YAMLError as exc:  # also a tag the safe loader cannot construct (`!foo`), met by `r.scalar`
-        mark = getattr(exc, "problem_mark", None)
-        line = f":{mark.line + 1}" if mark is not None else ""
-        raise ConfigError(f"{file}{line}: invalid YAML: {getattr(exc, 'problem', None) or exc}") from None
-    except RecursionError:
-        raise ConfigError(f"{file}: invalid YAML: nested too deeply") from None
+    return _config(r, compose(r, text), file)
 
 
 def _config(r: _Reader, root: yaml.Node | None, file: str) -> WebConfig:
@@ -227,26 +217,8 @@ class _CAError(ValueError):
     pass
 
 
-def read_file(path: str) -> str:
-    """A bounded read that never blocks: a FIFO or device given as the file is refused, not waited on."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read web config file: {exc.strerror}") from None
-    with os.fdopen(fd, "rb") as handle:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise ConfigError(f"{path}: cannot read web config file: not a regular file")
-        data = handle.read(MAX_FILE_BYTES + 1)
-    if len(data) > MAX_FILE_BYTES:
-        raise ConfigError(f"{path}: web config file larger than {MAX_FILE_BYTES} bytes")
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{path}: web config file is not UTF-8: {exc}") from None
-
-
 def load(path: str) -> WebConfig:
-    return parse(read_file(path), path)
+    return parse(read_text(path, "web config file"), path)
 
 
 def build_context(tls: TLSServerConfig) -> ssl.SSLContext:
