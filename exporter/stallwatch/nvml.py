@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import pynvml
 
+from stallwatch.loops import run_every
+
 log = logging.getLogger(__name__)
 
 MAX_SAMPLE_SECONDS = 1.0  # NVML's sample period is 1/6 s to 1 s; a longer gap means samples were lost
@@ -132,19 +134,10 @@ class Nvml:
             integrator.add_samples(points)
 
     def start(self) -> None:
-        threading.Thread(target=self._loop, name="nvml-sampler", daemon=True).start()
+        run_every(self.sample_interval, self.sample_once, "GPU utilization sampler", self._stop)
 
     def stop(self) -> None:
         self._stop.set()
-
-    def _loop(self) -> None:
-        while True:
-            try:
-                self.sample_once()
-            except Exception:
-                log.exception("GPU utilization sampler failed")
-            if self._stop.wait(self.sample_interval):
-                return
 
 
 def as_str(value: str | bytes) -> str:

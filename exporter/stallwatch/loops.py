@@ -1,0 +1,25 @@
+"""A background loop that calls one function now and then every `interval` seconds until stopped."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+
+log = logging.getLogger(__name__)
+
+
+def run_every(interval: float, action: Callable[[], None], name: str, stop: threading.Event) -> threading.Thread:
+    """A daemon thread running `action` until `stop` is set; a call that raises is logged and the loop goes on."""
+    def loop() -> None:
+        while True:
+            try:
+                action()
+            except Exception:
+                log.exception("%s failed", name)
+            if stop.wait(interval):
+                return
+
+    thread = threading.Thread(target=loop, name=name, daemon=True)
+    thread.start()
+    return thread
