@@ -77,6 +77,8 @@ def test_empty_file_is_the_default_config(tmp_path: Path) -> None:
         ("servers:\n  - engine: sglang\n    engine: vllm\n", 3, "servers[0].engine", "duplicate key"),
         ("servers:\n  - engine: sglang\n    probes: [{url: 'ftp://x'}]\n", 3, "servers[0].probes[0].url",
          "expected an http"),
+        ("web:\n  show_evidence: maybe\n", 2, "web.show_evidence", "expected true or false"),
+        ("web:\n  history_interval: 0s\n", 2, "web.history_interval", "expected"),
     ],
 )
 def test_bad_config_names_file_line_key_and_reason(text: str, line: int, key: str, reason: str) -> None:

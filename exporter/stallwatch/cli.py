@@ -18,6 +18,7 @@ from stallwatch import config as config_module
 from stallwatch import diagnose as diagnose_module
 from stallwatch.collectors import REGISTRY, build
 from stallwatch.config import Config, ConfigError
+from stallwatch.status import StatusPages
 from stallwatch.web import make_app, serve
 
 DEFAULT_PORT = 9847
@@ -113,8 +114,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     root, context = build(config, {r.name: getattr(args, f"collector_{r.name}") for r in REGISTRY})
     registry = CollectorRegistry()
     registry.register(root)
+    status = StatusPages(context)
     try:
-        httpd, _ = serve(make_app(registry, context.watcher, args.telemetry_path, web_config), host, port, web_config)
+        httpd, _ = serve(make_app(registry, context.watcher, args.telemetry_path, web_config, status), host, port,
+                         web_config)
     except OSError as exc:
         print(f"stallwatch: error: cannot listen on {args.listen_address}: {exc}", file=sys.stderr)
         return 1

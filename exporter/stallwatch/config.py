@@ -138,6 +138,15 @@ class Discovery:
 
 
 @dataclass(frozen=True)
+class Web:
+    """The status pages at `/servers/<name>`."""
+
+    # Log lines and Python stacks can hold prompts and other users' data: shown over HTTP only when asked for.
+    show_evidence: bool = setting(boolean, False)
+    history_interval: float = setting(positive_duration, 10.0)  # between the samples the hour's plots are drawn from
+
+
+@dataclass(frozen=True)
 class CollectorSettings:
     """A collector's config section; a collector with more keys subclasses it."""
 
@@ -162,6 +171,7 @@ class Config:
     discovery: Discovery = Discovery()
     defaults: Defaults = Defaults()
     paths: Paths = Paths()
+    web: Web = Web()
     collectors: Mapping[str, CollectorSettings] = field(default_factory=dict)  # by collector name
     file: str = field(default="<defaults>", compare=False)
 
@@ -380,7 +390,7 @@ def parse(text: str, file: str = "<config>", sections: Mapping[str, type[Collect
     sections = _collector_sections() if sections is None else sections
     r = _Reader(file)
     root = compose(r, text)
-    keys = {} if root is None else r.mapping(root, "", {"servers", "discovery", "defaults", "paths", *sections})
+    keys = {} if root is None else r.mapping(root, "", {"servers", "discovery", "defaults", "paths", "web", *sections})
     defaults = r.struct(keys.get("defaults"), "defaults", Defaults())
 
     servers: list[ServerSpec] = []
@@ -399,6 +409,7 @@ def parse(text: str, file: str = "<config>", sections: Mapping[str, type[Collect
         discovery=r.struct(keys.get("discovery"), "discovery", Discovery(enabled=not servers)),
         defaults=defaults,
         paths=r.struct(keys.get("paths"), "paths", Paths()),
+        web=r.struct(keys.get("web"), "web", Web()),
         collectors={name: r.struct(keys.get(name), name, settings()) for name, settings in sections.items()},
         file=file,
     )

@@ -17,8 +17,10 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from collections import deque
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,6 +42,7 @@ from stallwatch.servers import Server, Watcher
 from stallwatch.workload import printable
 
 TAIL_LINES = 40
+MAX_LINE_BYTES = 4096  # of one log line in a report
 PYSPY_TIMEOUT = 10.0
 IDLE_RATIO = 0.005  # the rules' idle threshold on the busiest GPU's utilization
 STARTUP = ("launching", "loading_weights", "allocating_memory", "capturing_graphs", "warming_up")
@@ -200,26 +203,44 @@ class Report:
 
 
 # -- gathering ---------------------------------------------------------------------------------------------------
-class _Tail:
-    """The last lines fed to a server's phase tracker: decoded engine text, progress-bar rewrites collapsed."""
+class LogTail:
+    """The last bytes fed to a server's phase tracker (its tap), cut into lines only when read: the tap runs on
+    the log's hot path, so it copies at most KEEP_BYTES a block and never splits lines there."""
+
+    KEEP_BYTES = 64 << 10
 
     def __init__(self) -> None:
-        self.lines: deque[str] = deque(maxlen=TAIL_LINES)
-        self._rewrite = False  # the last block ended in `\r`: its line is rewritten by the next one
+        self._data = bytearray()
+        self._cut = False  # the front of `_data` is the middle of a line
+        self._lock = threading.Lock()
 
     def __call__(self, block: bytes) -> None:
-        for piece in re.split(rb"(\r\n|\n|\r)", block):
+        with self._lock:
+            self._data += block[-self.KEEP_BYTES:]
+            if len(self._data) > 2 * self.KEEP_BYTES:
+                del self._data[:-self.KEEP_BYTES]
+                self._cut = True
+
+    def lines(self, count: int = TAIL_LINES) -> list[str]:
+        """The last `count` lines: decoded engine text, progress-bar rewrites (`\\r`) collapsed."""
+        with self._lock:
+            data, cut = bytes(self._data), self._cut
+        lines: deque[str] = deque(maxlen=count)
+        open_line = rewrite = False  # a line was begun since the last newline; a `\r` returned to its start
+        pieces = re.split(rb"(\r\n|\n|\r)", data)
+        for piece in pieces[2:] if cut else pieces:
             if piece in (b"\n", b"\r\n"):
-                self._rewrite = False
+                open_line = rewrite = False
             elif piece == b"\r":
-                self._rewrite = True
+                rewrite = True
             elif piece.strip():
-                text = printable(ANSI.sub(b"", piece).decode("utf-8", "surrogateescape"))
-                if self._rewrite and self.lines:
-                    self.lines[-1] = text
+                text = printable(ANSI.sub(b"", piece[:MAX_LINE_BYTES]).decode("utf-8", "surrogateescape"))
+                if rewrite and open_line:
+                    lines[-1] = text
                 else:
-                    self.lines.append(text)
-                self._rewrite = False
+                    lines.append(text)
+                open_line, rewrite = True, False
+        return list(lines)
 
 
 def select(watcher: Watcher, name: str | None) -> list[Server]:
@@ -238,7 +259,7 @@ def gather(config: Config, name: str | None = None, window: float = 2.0) -> Repo
     watcher = Watcher(config)
     watcher.refresh()
     servers = select(watcher, name)
-    tails = {s.name: _Tail() for s in servers}
+    tails = {s.name: LogTail() for s in servers}
     for server in servers:
         server.tracker.tap = tails[server.name]
     logs = LogManager(watcher, 1.0, replay_events=True)
@@ -247,7 +268,7 @@ def gather(config: Config, name: str | None = None, window: float = 2.0) -> Repo
         before = {s.name: _before(s, config) for s in servers}
         time.sleep(window)
         logs.poll()
-        reports = [_server_report(s, config, before[s.name], tails[s.name], window) for s in servers]
+        reports = [assemble(s, _observe(s, config, before[s.name], tails[s.name], window)) for s in servers]
     finally:
         logs.close()
     return Report(__version__, time.time(), reports)
@@ -272,15 +293,35 @@ def _tokens(server: Server, config: Config) -> tuple[str, float, float] | None:
     return None if figures is None else ("log", figures.tokens, figures.at)
 
 
-def _server_report(server: Server, config: Config, before: _Before, tail: _Tail, window: float) -> ServerReport:
+@dataclass
+class Observation:
+    """What was seen of a server: by diagnose's own look over a short window, or from the exporter's running
+    state (`stallwatch.status`). Log lines and stacks are empty where they are not to be shown."""
+
+    window: float
+    processes: list[ProcessInfo]
+    stacks: list[StackGroup]
+    port: PortInfo
+    engine: EngineInfo
+    gpu: GpuSection
+    log_lines: list[str]
+
+
+def _observe(server: Server, config: Config, before: _Before, tail: LogTail, window: float) -> Observation:
     port = _port(server, config)  # first: a probe that answers makes the phase `serving`, as in the exporter
-    processes = _processes(server, before.tree, config.paths.procfs)
-    gpu = _gpus(server)
+    earlier = {(s.pid, s.create_time): s.cpu_user + s.cpu_system for s in before.tree}
+    processes = processes_since(server, earlier, config.paths.procfs)
+    return Observation(window, processes, stacks(processes), port, _engine(server, config, before.tokens),
+                       gpus(server, Nvml(sample_interval=1.0)), tail.lines())
+
+
+def assemble(server: Server, seen: Observation) -> ServerReport:
+    """The report on `server` from what was seen of it, with the verdict."""
+    events = {event: count for event, count in sorted(server.tracker.snapshot().events.items()) if count}
     report = ServerReport(
-        name=server.name, identity=_identity(server), phase=_phase(server), gpu=gpu, window_seconds=window,
-        processes=processes, stacks=_stacks(processes), port=port,
-        engine_figures=_engine(server, config, before.tokens), log=_log(server, tail),
-        verdict=Verdict("", ""))
+        name=server.name, identity=_identity(server), phase=_phase(server), gpu=seen.gpu, window_seconds=seen.window,
+        processes=seen.processes, stacks=seen.stacks, port=seen.port, engine_figures=seen.engine,
+        log=LogInfo([source.path for source in server.log_sources], seen.log_lines, events), verdict=Verdict("", ""))
     report.verdict = verdict(report, server.spec.stall.gpu_memory_bytes, server.spec.stall.log_stale)
     return report
 
@@ -305,8 +346,7 @@ def _phase(server: Server) -> PhaseInfo:
         shards_loaded=snap.shards_loaded, shards_expected=snap.shards_expected)
 
 
-def _gpus(server: Server) -> GpuSection:
-    nvml = Nvml(sample_interval=1.0)
+def gpus(server: Server, nvml: Nvml) -> GpuSection:
     if not nvml.available():
         return GpuSection(False, "NVML unavailable (no driver, or no access to it)")
     try:
@@ -325,8 +365,8 @@ def _gpus(server: Server) -> GpuSection:
     return GpuSection(True, "; ".join(errors), gpus)
 
 
-def _processes(server: Server, before: list[ProcSample], procfs: str) -> list[ProcessInfo]:
-    earlier = {(s.pid, s.create_time): s.cpu_user + s.cpu_system for s in before}
+def processes_since(server: Server, earlier: Mapping[tuple[int, float], float], procfs: str) -> list[ProcessInfo]:
+    """The tree now, with the CPU seconds each process used since `earlier` (its totals by pid and start time)."""
     out = []
     for s in server.tree():
         used = s.cpu_user + s.cpu_system - earlier.get((s.pid, s.create_time), s.cpu_user + s.cpu_system)
@@ -373,11 +413,6 @@ def _engine(server: Server, config: Config, before: tuple[str, float, float] | N
     return EngineInfo("log", figures.running, figures.waiting, figures.tokens, made, page.error)
 
 
-def _log(server: Server, tail: _Tail) -> LogInfo:
-    events = {event: count for event, count in sorted(server.tracker.snapshot().events.items()) if count}
-    return LogInfo([source.path for source in server.log_sources], list(tail.lines), events)
-
-
 # -- stacks ------------------------------------------------------------------------------------------------------
 def pyspy_binary() -> str | None:
     found = shutil.which("py-spy")
@@ -418,7 +453,7 @@ def parse_dump(text: str) -> list[ThreadStack]:
     return threads
 
 
-def _stacks(processes: list[ProcessInfo]) -> list[StackGroup]:
+def stacks(processes: list[ProcessInfo]) -> list[StackGroup]:
     binary = pyspy_binary()
     live = [p for p in processes if p.state != "Z"]
     with ThreadPoolExecutor(max_workers=min(16, len(live) or 1)) as pool:
@@ -471,8 +506,8 @@ def _failed(report: ServerReport) -> Verdict | None:
     if report.phase.phase != "failed":
         return None
     events = ", ".join(f"{k} {v}" for k, v in report.log.events.items()) or "no notable line"
-    return Verdict("failed", f"failed {_duration(report.phase.seconds)} ago ({events}); last line: "
-                             f"{report.log.lines[-1] if report.log.lines else 'none'}")
+    last = f"; last line: {report.log.lines[-1]}" if report.log.lines else ""
+    return Verdict("failed", f"failed {_duration(report.phase.seconds)} ago ({events}){last}")
 
 
 def _down(report: ServerReport) -> Verdict | None:
@@ -568,25 +603,37 @@ def render_text(report: Report) -> str:
 
 
 def _server_text(s: ServerReport) -> str:
-    sections = [_head(s), _gpu_text(s.gpu), _process_text(s), _stack_text(s.stacks), _port_text(s.port),
-                _engine_text(s.engine_figures), _log_text(s.log)]
-    return "\n\n".join(sections) + "\n"
+    return "\n\n".join([_head(s), *body_sections(s, evidence=True)]) + "\n"
+
+
+def body_sections(s: ServerReport, evidence: bool, probed: str = "probe now") -> list[str]:
+    """The report below its head; without `evidence`, no stack and no log line (they can hold prompts).
+    `probed` names the probe results: made now (diagnose), or the background prober's last (status page)."""
+    out = [_gpu_text(s.gpu), _process_text(s)]
+    if evidence:
+        out.append(_stack_text(s.stacks))
+    out += [_port_text(s.port, probed), _engine_text(s.engine_figures), _log_text(s.log, evidence)]
+    return out
 
 
 def _head(s: ServerReport) -> str:
+    return "\n".join([f"=== {s.name} ===", f"VERDICT: {s.verdict.status.upper()}: {s.verdict.text}",
+                      *describe(s)])
+
+
+def describe(s: ServerReport) -> list[str]:
+    """Identity, phase, timeline and shard progress: the head's lines under the verdict."""
     i, p = s.identity, s.phase
     where = ", ".join(f"{k} {v}" for k, v in (("namespace", i.namespace), ("pod", i.pod), ("container", i.container),
                                                ("unit", i.unit)) if v)
     shards = f"{p.shards_loaded}/{p.shards_expected}" if p.shards_expected else "none seen"
-    return "\n".join([
-        f"=== {s.name} ===",
-        f"VERDICT: {s.verdict.status.upper()}: {s.verdict.text}",
+    return [
         f"engine {i.engine}, model {i.model or '?'}, TP {i.tensor_parallel or '?'}, runtime {i.runtime}"
         + (f" ({where})" if where else "") + f", main pid {i.pid}, port {i.port}",
         f"phase {p.phase} for {_duration(p.seconds)}; last log progress {_duration(p.quiet_seconds)} ago",
         f"timeline: {' -> '.join(p.timeline)}  ({p.timeline_note})",
         f"weight shards: {shards}",
-    ])
+    ]
 
 
 def _gpu_text(g: GpuSection) -> str:
@@ -617,14 +664,14 @@ def _stack_text(groups: list[StackGroup]) -> str:
     return "\n".join(out)
 
 
-def _port_text(port: PortInfo) -> str:
+def _port_text(port: PortInfo, probed: str) -> str:
     listening = {None: "unknown", True: f"listening on {', '.join(port.addresses)}", False: "not listening"}
     rows = [f"port {port.port}: {listening[port.listening]}"]
     for p in port.probes:
         result = ("not made: " + p.reason if p.success is None else
                   f"ok (HTTP {p.status}, {p.duration_seconds * 1000:.0f} ms)" if p.success else
                   f"failed: {p.reason}" + (f" (HTTP {p.status})" if p.status else ""))
-        rows.append(f"  probe now {p.url}: {result}")
+        rows.append(f"  {probed} {p.url}: {result}")
     return "\n".join(rows)
 
 
@@ -637,7 +684,9 @@ def _engine_text(e: EngineInfo) -> str:
             f"tokens {e.tokens:.0f} (in the window: {made})")
 
 
-def _log_text(log: LogInfo) -> str:
+def _log_text(log: LogInfo, evidence: bool) -> str:
     events = ", ".join(f"{k} {v}" for k, v in log.events.items()) or "none"
-    return "\n".join([f"log {', '.join(log.sources) or '(none found)'}; events of this launch: {events}",
-                      f"last {len(log.lines)} lines:", *(f"  | {line}" for line in log.lines)])
+    head = f"log {', '.join(log.sources) or '(none found)'}; events of this launch: {events}"
+    if not evidence:
+        return head
+    return "\n".join([head, f"last {len(log.lines)} lines:", *(f"  | {line}" for line in log.lines)])

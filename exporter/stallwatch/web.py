@@ -1,4 +1,5 @@
-"""HTTP: landing page `/`, the metrics endpoint, and `/-/healthy`, behind `--web.config.file`'s basic auth.
+"""HTTP: landing page `/`, the metrics endpoint, `/-/healthy` and each server's status page `/servers/<name>`, behind
+`--web.config.file`'s basic auth.
 
 The server itself is `stallwatch.httpserver` (bounded worker pool, deadlines, connection cap). The exposition
 stays prometheus_client's (`choose_encoder`); `/metrics` requests that arrive while a collection runs wait for its
@@ -12,21 +13,27 @@ import html
 import logging
 import threading
 from collections.abc import Callable, Iterable, Iterator
+from urllib.parse import quote, unquote, unquote_plus
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.metrics_core import Metric
 
-from stallwatch import __version__
+from stallwatch import __version__, statuspage
 from stallwatch.httpserver import Handler, Limits, Request, Response, Server
 from stallwatch.servers import ProbeTarget, Watcher
+from stallwatch.status import StatusPages
 from stallwatch.webconfig import BasicAuth, TLSReloader, WebConfig
-from stallwatch.workload import printable
+from stallwatch.workload import display
 
 log = logging.getLogger(__name__)
 
 TEXT = ("Content-Type", "text/plain; charset=utf-8")
 ALLOWED_METHODS = ("GET", "HEAD")
+STATUS_PREFIX = "/servers/"
+# The status page shows other processes' text: no script but its own, nothing cached on the way.
+PAGE_HEADERS = [("Content-Security-Policy", "default-src 'self'"), ("X-Content-Type-Options", "nosniff"),
+                ("Cache-Control", "no-store")]
 DEFAULT_SCRAPE_WAIT = 30.0  # seconds a request waits for a shared collection without Prometheus' timeout header
 MAX_SCRAPE_WAIT = 120.0
 
@@ -158,13 +165,18 @@ def _metrics_handler(shared: SharedCollection) -> Handler:
     return metrics
 
 
-def _landing(watcher: Watcher, telemetry_path: str) -> Response:
+def _landing(watcher: Watcher, telemetry_path: str, status: bool) -> Response:
     """Names and paths come from other processes and may be surrogate-escaped bytes: `printable` first."""
     def cell(text: str) -> str:
-        return f"<td>{html.escape(_display(text))}</td>"
+        return f"<td>{html.escape(display(text))}</td>"
+
+    def name(text: str) -> str:
+        if not status:
+            return cell(text)
+        return f'<td><a href="{html.escape(status_path(text))}">{html.escape(display(text))}</a></td>'
 
     rows = "".join(
-        f"<tr>{cell(s.name)}{cell(s.engine.name)}{cell('up' if s.is_running() else 'down')}"
+        f"<tr>{name(s.name)}{cell(s.engine.name)}{cell('up' if s.is_running() else 'down')}"
         f"{cell(', '.join(_probe_text(p) for p in s.probes))}"
         f"{cell(', '.join(source.path for source in s.log_sources))}</tr>"
         for s in watcher.servers()
@@ -180,8 +192,34 @@ def _landing(watcher: Watcher, telemetry_path: str) -> Response:
     return Response(200, [("Content-Type", "text/html; charset=utf-8")], body)
 
 
+def status_path(name: str) -> str:
+    """`/servers/<name>`, the name escaped whole (`/` too) as the alert rules' `urlquery` does."""
+    return STATUS_PREFIX + quote(name.encode("utf-8", "surrogateescape"), safe="")
+
+
+def _status_handler(status: StatusPages) -> Handler:
+    def page(request: Request) -> Response:
+        escaped = request.path[len(STATUS_PREFIX):]
+        # `urlquery` writes a space as `+`; a name with a real `+` is found by the first spelling.
+        server = status.find(unquote(escaped, errors="surrogateescape")) or status.find(
+            unquote_plus(escaped, errors="surrogateescape"))
+        if server is None:
+            return Response(404, [TEXT], b"No watched server of that name.\n")
+        return Response(200, [("Content-Type", "text/html; charset=utf-8"), *PAGE_HEADERS],
+                        statuspage.render(status.view(server)))
+
+    return page
+
+
+def _static(name: str) -> Handler:
+    found = statuspage.static_file(name)
+    assert found is not None, name
+    body, kind = found
+    return lambda _: Response(200, [("Content-Type", kind), ("Cache-Control", "max-age=3600"), *PAGE_HEADERS], body)
+
+
 def make_app(registry: CollectorRegistry, watcher: Watcher, telemetry_path: str,
-             web_config: WebConfig | None = None) -> Handler:
+             web_config: WebConfig | None = None, status: StatusPages | None = None) -> Handler:
     """The request handler: routes, GET/HEAD only, and `web_config`'s basic auth and extra headers on every
     response (exporter-toolkit protects every path, `/-/healthy` included, and sets headers before auth)."""
     web_config = web_config or WebConfig()
@@ -189,14 +227,19 @@ def make_app(registry: CollectorRegistry, watcher: Watcher, telemetry_path: str,
     extra = list(web_config.headers.items())
     routes: dict[str, Handler] = {
         telemetry_path: _metrics_handler(SharedCollection(registry)),
-        "/": lambda _: _landing(watcher, telemetry_path),
+        "/": lambda _: _landing(watcher, telemetry_path, status is not None),
         "/-/healthy": lambda _: Response(200, [TEXT], b"Healthy.\n"),
     }
+    if status is not None:
+        routes.update({f"/static/{name}": _static(name) for name in statuspage.STATIC_FILES})
+    status_page = _status_handler(status) if status is not None else None
 
     def route(request: Request) -> Response:
         if auth is not None and not auth.check(request.headers.get("authorization")):
             return Response(401, [TEXT, ("WWW-Authenticate", "Basic")], b"Unauthorized\n")
         handler = routes.get(request.path)
+        if handler is None and status_page is not None and request.path.startswith(STATUS_PREFIX):
+            handler = status_page
         if handler is None:
             return Response(404, [TEXT], b"Not found.\n")
         if request.method not in ALLOWED_METHODS:
@@ -209,14 +252,6 @@ def make_app(registry: CollectorRegistry, watcher: Watcher, telemetry_path: str,
         return response
 
     return app
-
-
-def _display(text: str) -> str:
-    """`printable`, and lone surrogates it cannot carry (e.g. a YAML `"\\ud800"`) as `\\ud800` text."""
-    try:
-        return printable(text)
-    except UnicodeError:
-        return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _probe_text(target: ProbeTarget) -> str:

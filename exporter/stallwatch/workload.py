@@ -30,6 +30,14 @@ def printable(text: str) -> str:
     return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
 
+def display(text: str) -> str:
+    """`printable`, and lone surrogates it cannot carry (e.g. a YAML `"\\ud800"`) as `\\ud800` text."""
+    try:
+        return printable(text)
+    except UnicodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 @dataclass(frozen=True)
 class LogSource:
     """One log of a server. `path` is its label: the node's path of the file, the path the process sees, or

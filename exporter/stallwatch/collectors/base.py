@@ -15,6 +15,7 @@ from stallwatch.servers import Watcher
 
 S = TypeVar("S", bound=CollectorSettings)
 B = TypeVar("B", bound="Background")
+P = TypeVar("P")
 
 
 class MetricSource(Protocol):
@@ -33,16 +34,26 @@ class Background(Protocol):
 
 @dataclass
 class Context:
-    """What a collector's factory may use: the config, the watched servers, and a place for its loops."""
+    """What a collector's factory may use: the config, the watched servers, and a place for its loops and for the
+    state it keeps that others read too (the status pages read the probe results, log counts, GPU samples)."""
 
     config: Config
     watcher: Watcher
     background: list[Background] = field(default_factory=list)
+    shared: list[object] = field(default_factory=list)
 
     def run(self, part: B) -> B:
         """Have `part` started with the exporter and stopped at exit."""
         self.background.append(part)
+        return self.share(part)
+
+    def share(self, part: P) -> P:
+        self.shared.append(part)
         return part
+
+    def find(self, kind: type[P]) -> P | None:
+        """The shared part of that kind; None when the collector that keeps it is disabled."""
+        return next((part for part in self.shared if isinstance(part, kind)), None)
 
 
 @dataclass(frozen=True)

@@ -51,7 +51,7 @@ class EngineMetricsSettings(CollectorSettings):
 
 
 def _build(context: Context, settings: EngineMetricsSettings) -> EngineMetricsCollector:
-    manager = EngineMetricsManager(settings.interval, settings.timeout)
+    manager = context.share(EngineMetricsManager(settings.interval, settings.timeout))
     context.watcher.on_change(manager.reconcile)
     return EngineMetricsCollector(manager, context.watcher)
 

@@ -43,7 +43,7 @@ class ProbeSettings(CollectorSettings):
 
 
 def _build(context: Context, settings: ProbeSettings) -> ProbeCollector:
-    probes = ProbeManager(context.config.paths.procfs, settings.enter_netns)
+    probes = context.share(ProbeManager(context.config.paths.procfs, settings.enter_netns))
     context.watcher.on_change(probes.reconcile)
     return ProbeCollector(probes)
 

@@ -1,0 +1,131 @@
+"""The report behind each server's status page, from what the running exporter already keeps: the same report as
+`stallwatch diagnose` (`diagnose.assemble`), with CPU seconds and tokens over the last minute of `History`, the
+background prober's last results and the engine metrics loop's last figures, so a page view sends nothing to the
+server. Log lines and Python stacks are gathered only with `web.show_evidence`; stacks at most every
+STACK_TTL_SECONDS per server, one `py-spy` run at a time.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from stallwatch import diagnose
+from stallwatch.collectors.base import Context
+from stallwatch.diagnose import (
+    EngineInfo,
+    GpuSection,
+    LogTail,
+    Observation,
+    PortInfo,
+    ProbeInfo,
+    ServerReport,
+    StackGroup,
+)
+from stallwatch.enginemetrics import EngineMetricsManager
+from stallwatch.history import History, Point
+from stallwatch.nvml import Nvml
+from stallwatch.prober import ProbeManager
+from stallwatch.servers import Server
+from stallwatch.workload import display
+
+WINDOW_SECONDS = 60.0  # CPU seconds and tokens are reported over about the last minute
+STACK_TTL_SECONDS = 30.0
+
+
+@dataclass
+class StatusView:
+    report: ServerReport
+    points: list[Point]
+    evidence: bool
+
+
+class StatusPages:
+    """Builds a `StatusView` of a watched server on request; owns the history ring and, with evidence on, the
+    log tails (taps on each server's phase tracker)."""
+
+    def __init__(self, context: Context, wall: Callable[[], float] = time.time) -> None:
+        self.context, self._wall = context, wall
+        self.evidence = context.config.web.show_evidence
+        self.history = context.run(History(context, context.config.web.history_interval, wall=wall))
+        self._nvml = context.find(Nvml)  # None: the gpu collector is disabled, and NVML is left alone
+        self._stacks: dict[str, tuple[float, list[StackGroup]]] = {}
+        self._stack_lock = threading.Lock()
+        if self.evidence:
+            context.watcher.on_change(_tap)
+
+    def find(self, name: str) -> Server | None:
+        """The server of that name; a name from an alert's label may be the printable form of the real one."""
+        servers = self.context.watcher.servers()
+        return next((s for s in servers if s.name == name), None) or next(
+            (s for s in servers if display(s.name) == name), None)
+
+    def view(self, server: Server) -> StatusView:
+        points = self.history.points(server.name)
+        now = self._wall()
+        start = window_start(points, now)
+        earlier = start.cpu if start is not None else {}
+        processes = diagnose.processes_since(server, earlier, self.context.config.paths.procfs)
+        tail = server.tracker.tap
+        seen = Observation(
+            window=now - start.at if start is not None else 0.0,
+            processes=processes,
+            stacks=self._stacks_of(server, processes) if self.evidence else [],
+            port=self._port(server),
+            engine=self._engine(server, start),
+            gpu=diagnose.gpus(server, self._nvml) if self._nvml is not None else GpuSection(
+                False, "the gpu collector is disabled"),
+            log_lines=tail.lines() if self.evidence and isinstance(tail, LogTail) else [],
+        )
+        return StatusView(diagnose.assemble(server, seen), points, self.evidence)
+
+    def _stacks_of(self, server: Server, processes: list[diagnose.ProcessInfo]) -> list[StackGroup]:
+        with self._stack_lock:  # one py-spy round at a time: a page reload cannot pile them up
+            taken, groups = self._stacks.get(server.name, (float("-inf"), []))
+            if time.monotonic() - taken >= STACK_TTL_SECONDS:
+                groups = diagnose.stacks(processes)
+                self._stacks[server.name] = (time.monotonic(), groups)
+            return groups
+
+    def _port(self, server: Server) -> PortInfo:
+        probes = []
+        manager = self.context.find(ProbeManager)
+        for state in manager.states() if manager is not None else []:
+            if state.server != server.name:
+                continue
+            result = state.last
+            if result is None:
+                probes.append(ProbeInfo(state.url, None, 0, state.unreachable or "not made yet", 0.0))
+            else:
+                probes.append(ProbeInfo(state.url, result.success, result.status, result.reason or "",
+                                        result.duration))
+        listening = None if server.listening is None else bool(server.listening)
+        return PortInfo(server.port, listening, list(server.listening or ()), probes)
+
+    def _engine(self, server: Server, start: Point | None) -> EngineInfo:
+        manager = self.context.find(EngineMetricsManager)
+        state = next((s for s in manager.states() if s.server == server.name), None) if manager else None
+        source, figures = "metrics", state.figures if state is not None else None
+        if figures is None:
+            source, figures = "log", server.tracker.log_figures()
+        error = state.error if state is not None else ""
+        if figures is None:
+            return EngineInfo("", None, None, None, None, error)
+        made = None
+        if start is not None and start.tokens is not None and start.tokens[0] == source:
+            made = figures.tokens - start.tokens[1]
+        return EngineInfo(source, figures.running, figures.waiting, figures.tokens, made, error)
+
+
+def window_start(points: list[Point], now: float) -> Point | None:
+    """The newest point at least WINDOW_SECONDS old, else the oldest there is."""
+    older = [p for p in points if now - p.at >= WINDOW_SECONDS]
+    return older[-1] if older else (points[0] if points else None)
+
+
+def _tap(servers: list[Server]) -> None:
+    for server in servers:
+        if server.tracker.tap is None:
+            server.tracker.tap = LogTail()

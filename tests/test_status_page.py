@@ -1,0 +1,206 @@
+"""Status pages `/servers/<name>`: the report, the hour's plots drawn in a real headless Chromium, refresh in
+place, evidence (log lines, stacks) only with `web.show_evidence`, names from alert links, and the pieces behind
+them (the history ring, the log tail, the plots' series)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+import transcripts
+from conftest import require
+from harness import Engine, Exporter, gpus, poll
+from stallwatch.collectors.base import Context
+from stallwatch.config import Config
+from stallwatch.diagnose import MAX_LINE_BYTES, LogTail
+from stallwatch.history import History, Point
+from stallwatch.servers import ProcessKey
+from stallwatch.status import WINDOW_SECONDS, window_start
+from stallwatch.statuspage import series
+from stallwatch.web import make_app, status_path
+from stallwatch.webconfig import WebConfig
+
+WAIT_FRAME = "wait_for_draft_hidden_states"  # where the simulated engine's processes sleep (tests/sim)
+SECRET = "SECRET-PROMPT-7f3a9c"
+# SGLang with --log-requests logs each request's input (`Receive: obj=...`, srt/managers/tokenizer_manager.py).
+REQUEST_LINE = (f"[{transcripts.SG_DAY} 09:19:52] Receive: obj=GenerateReqInput(text='{SECRET} tell me', "
+                "sampling_params={'max_new_tokens': 64}, rid='9f1c')\n")
+CONFIG = "defaults:\n  stall:\n    log_stale: 1s\nweb:\n  history_interval: 0.5s\n"
+
+
+def _stalled(engine: Callable[..., Engine], transcript: str) -> tuple[Engine, dict]:
+    sim = engine("sglang", transcript, final="stall")
+    poll(lambda: sim.log.exists() and "64/64" in sim.log.read_text(), what="the last shard line")
+    held = {"gpus": [dict(g, processes=[{"pid": sim.proc.pid, "used": 76e9}]) for g in gpus(8)]}
+    return sim, held
+
+
+def _stalled_page(e: Exporter, name: str, count: int) -> str:
+    """The page once it says the server stalled and its plots have `count` samples."""
+    def ready() -> str | None:
+        status, body = e.get(status_path(name))
+        found = re.search(r'"t": \[([^\]]*)\]', body)
+        enough = found is not None and found.group(1).count(",") + 1 >= count
+        return body if status == 200 and enough and 'class="verdict stalled"' in body else None
+
+    return poll(ready, timeout=15, what=f"a stalled verdict and {count} history samples")
+
+
+def _chromium(url: str, tmp: Path, budget_ms: int) -> str:
+    """The page's DOM after its scripts ran for `budget_ms` of virtual time."""
+    out = subprocess.run(
+        [require("chromium"), "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+         f"--user-data-dir={tmp / 'chromium'}", f"--virtual-time-budget={budget_ms}", "--dump-dom", url],
+        capture_output=True, text=True, timeout=90)
+    assert out.returncode == 0 and "</html>" in out.stdout, out.stderr[-2000:]
+    return out.stdout
+
+
+def test_stalled_server_page_renders_plots_and_refreshes_in_chromium(tmp_path: Path, engine, exporter) -> None:
+    sim, held = _stalled(engine, transcripts.sglang_until_shards(8, 64))
+    e = exporter(config=CONFIG, nvml=held)
+    poll(lambda: f'<a href="/servers/{sim.name}">{sim.name}</a>' in e.get("/")[1], what="a link on the landing page")
+    _stalled_page(e, sim.name, 3)
+
+    url = f"{e.url}/servers/{sim.name}"
+    _check_page(_chromium(url, tmp_path, budget_ms=3_000))  # drawn on load
+    dom = _chromium(url, tmp_path, budget_ms=20_000)  # past one 15 s refresh: replaced and drawn again
+    assert re.search(r'data-refreshes="[1-9]', dom), "the report was not refreshed in place"
+    _check_page(dom)
+
+
+def _check_page(dom: str) -> None:
+    verdict = re.search(r'<p id="verdict" class="verdict (\w+)">([^<]*)</p>', dom)
+    assert verdict is not None, dom[:3000]
+    assert verdict.group(1) == "stalled"
+    assert verdict.group(2).startswith("STALLED: loaded but idle for ") and "in loading_weights" in verdict.group(2)
+    assert "port never opened" in verdict.group(2)
+    canvases = re.findall(r'<canvas class="plot (\w+)"[^>]*data-points="(\d+)" data-drawn="(-?\d+)"', dom)
+    assert {c[0] for c in canvases} == {"memory", "utilization", "log"}, dom[:3000]
+    for series_name, points, drawn in canvases:
+        assert int(points) >= 2 and int(drawn) > 0, (series_name, points, drawn)
+    assert "GPU memory held (GB): now 608 GB" in dom and "weight shards: 64/64" in dom
+    assert "server holds 76.0 GB" in dom and "scheduler_TP7" in dom
+
+
+@pytest.mark.parametrize("shown", [False, True])
+def test_evidence_reaches_http_only_when_asked_for(tmp_path: Path, engine, exporter, shown: bool) -> None:
+    sim, held = _stalled(engine, REQUEST_LINE + transcripts.sglang_until_shards(8, 64))
+    e = exporter(config=CONFIG + f"  show_evidence: {str(shown).lower()}\n", nvml=held)
+    page = _stalled_page(e, sim.name, 1)
+    assert SECRET in sim.log.read_text()
+    for path in ("/", "/metrics", "/static/status.js", "/static/status.css", "/servers/nothing-here"):
+        assert SECRET not in e.get(path)[1], path
+    assert (SECRET in page) is shown and (SECRET in e.get(status_path(sim.name))[1]) is shown
+    assert (WAIT_FRAME in page) is shown and ("Python stacks (py-spy dump" in page) is shown
+    assert ("web.show_evidence: true" in page) is not shown
+    assert "STALLED" in page
+
+
+def test_names_from_alert_links_404_headers_and_a_disabled_collector(tmp_path: Path, exporter) -> None:
+    name = "team a/kimi+0"  # a configured name with a space, a slash and a plus; its process is not running
+    e = exporter(config=f"servers:\n  - engine: sglang\n    name: '{name}'\n", args=("--no-collector.gpu",))
+    assert status_path(name) == "/servers/team%20a%2Fkimi%2B0"
+    for path in (status_path(name), "/servers/team+a%2Fkimi%2B0"):  # ours, and Go's `urlquery` in the rules
+        with urllib.request.urlopen(e.url + path, timeout=10) as response:
+            body = response.read().decode()
+            assert response.status == 200
+            assert response.headers["Content-Security-Policy"] == "default-src 'self'"
+            assert response.headers["Cache-Control"] == "no-store"
+        assert "<h1>team a/kimi+0</h1>" in body
+        assert "GPUs: the gpu collector is disabled" in body  # and NVML is left alone
+    assert e.get("/servers/")[0] == 404 and e.get("/servers/other")[0] == 404
+    status, script = e.get("/static/status.js")
+    assert status == 200 and "drawAll" in script
+    assert e.get("/static/../cli.py")[0] == 404
+
+
+def test_status_pages_sit_behind_basic_auth() -> None:
+    pages = SimpleNamespace(find=lambda name: pytest.fail("reached the page without credentials"))
+    app = make_app(CollectorRegistry(), SimpleNamespace(servers=list), "/metrics",  # type: ignore[arg-type]
+                   WebConfig(users={"admin": b"$2b$04$" + b"x" * 53}), pages)  # type: ignore[arg-type]
+    for path in ("/servers/x", "/static/status.js"):
+        request = SimpleNamespace(path=path, method="GET", headers={}, query={})
+        assert app(request).status == 401  # type: ignore[arg-type]
+
+
+# -- the pieces --------------------------------------------------------------------------------------------------
+def test_log_tail_keeps_the_last_lines_and_collapses_rewrites() -> None:
+    tail = LogTail()
+    tail(b"one\ntwo\n")
+    tail(b"\rbar 1/3\rbar 2/3\rbar 3/3\n\x1b[32mthree\x1b[0m\n")
+    assert tail.lines() == ["one", "two", "bar 3/3", "three"]
+    tail(b"x" * (3 * MAX_LINE_BYTES) + b"\n")
+    assert tail.lines()[-1] == "x" * MAX_LINE_BYTES
+    assert tail.lines(2)[0] == "three"
+    tail(b"four\rfive\r\n")  # a rewrite within one line; `\r\n` ends it
+    assert tail.lines(2) == ["x" * MAX_LINE_BYTES, "five"]
+
+
+def test_log_tail_is_bounded_and_drops_the_cut_line() -> None:
+    tail = LogTail()
+    for i in range(20_000):
+        tail(f"line {i:05d} {'y' * 20}\n".encode())
+    assert len(tail._data) <= 2 * LogTail.KEEP_BYTES
+    lines = tail.lines(100_000)
+    assert lines[-1].startswith("line 19999") and all(re.fullmatch(r"line \d{5} y{20}", x) for x in lines)
+
+
+def test_log_tail_of_a_100_mb_line_without_newline_stays_small() -> None:
+    tail = LogTail()
+    chunk = b"z" * (1 << 20)
+    for _ in range(100):
+        tail(chunk)
+    assert len(tail._data) <= 2 * LogTail.KEEP_BYTES
+    assert tail.lines() == []  # only a cut piece of one line: nothing whole to show
+
+
+def _server(name: str, tree: list) -> SimpleNamespace:
+    return SimpleNamespace(name=name, spec=SimpleNamespace(gpus=None), tree=lambda: tree,
+                           tracker=SimpleNamespace(log_figures=lambda: None))
+
+
+def test_history_ring_is_bounded_and_forgets_gone_servers() -> None:
+    now = [1000.0]
+    sample = SimpleNamespace(pid=7, create_time=5.0, cpu_user=1.0, cpu_system=0.5)
+    servers = [_server("a", [sample]), _server("b", [])]
+    watcher = SimpleNamespace(servers=lambda: list(servers))
+    history = History(Context(Config(), watcher), interval=1.0, span=10.0, wall=lambda: now[0])  # type: ignore[arg-type]
+    for _ in range(30):
+        history.sample_once()
+        now[0] += 1.0
+    points = history.points("a")
+    assert len(points) == 11 and points[-1].at == 1029.0 and points[0].at == 1019.0
+    assert points[-1].cpu == {ProcessKey(7, 5.0): 1.5}
+    # No NVML, no log followers, no engine figures: unknown, never zero.
+    assert (points[-1].gpu_memory_bytes, points[-1].log_lines, points[-1].tokens) == (None, None, None)
+    servers.pop()
+    history.sample_once()
+    assert history.points("b") == [] and len(history.points("a")) == 11
+
+
+def _point(at: float, lines: int | None, memory: float | None = 2e9, utilization: float | None = 0.5) -> Point:
+    return Point(at, memory, utilization, lines, {}, None)
+
+
+def test_series_rates_gaps_and_restarts() -> None:
+    points = [_point(0, 10), _point(30, 40), _point(60, None, None, None), _point(90, 100), _point(120, 5)]
+    data = series(points, now=120.0)
+    assert data["t"] == [-120.0, -90.0, -60.0, -30.0, 0.0]
+    assert data["log"] == [None, 60.0, None, None, None]  # a gap, then a replaced log's count restarting
+    assert data["memory"] == [2.0, 2.0, None, 2.0, 2.0] and data["utilization"] == [50.0, 50.0, None, 50.0, 50.0]
+
+
+def test_window_start_is_about_a_minute_back() -> None:
+    points = [_point(t, 0) for t in (0.0, 30.0, 60.0, 90.0, 100.0)]
+    assert window_start(points, 100.0 + 0.0).at == 30.0  # newest at least WINDOW_SECONDS old
+    assert window_start(points[3:], 100.0).at == 90.0  # too young: the oldest there is
+    assert window_start([], 100.0) is None
+    assert WINDOW_SECONDS == 60.0
