@@ -237,6 +237,10 @@ def test_stall_pages_idle_server_does_not_and_restart_resolves(
     assert notes["summary"] and notes["runbook_url"].endswith("#inferenceserverloadedbutidle")
     assert f"{stalled.name} on 127.0.0.1:{e.port} holds 69.85GiB" in notes["description"]
     assert "phase loading_weights, health probe failing" in notes["description"]
+    # The exporter's page for the server, on the host:port Prometheus scrapes, says what the page says.
+    assert notes["status_url"] == (f"http://127.0.0.1:{e.port}/servers/"
+                                   f"{urllib.parse.quote(page['labels']['server'], safe='')}")
+    assert "STALLED: loaded but idle" in _status_page(notes["status_url"])
 
     def alerts_for(server: str) -> list[dict]:
         return query(f'ALERTS{{server="{server}"}}')
@@ -336,6 +340,9 @@ def test_containerized_stall_pages_and_containerized_idle_server_does_not(
                     interval=0.5, what="the page for the pod")
         description = page["annotations"]["description"]
         assert "phase loading_weights, health probe absent, port not listening." in description
+        # Go's `urlquery` escapes the pod name's slash; the page is found all the same.
+        assert page["annotations"]["status_url"] == f"http://127.0.0.1:{e.port}/servers/llm%2Fkimi-0"
+        assert "<h1>llm/kimi-0</h1>" in _status_page(page["annotations"]["status_url"])
         assert "Model moonshotai/Kimi-K2-Instruct, TP 4, kubernetes pod llm/kimi-0." in description
         # The idle pod serves, probed at its own address, its /metrics fetched there: nothing at all, for the
         # whole run.
@@ -343,3 +350,9 @@ def test_containerized_stall_pages_and_containerized_idle_server_does_not(
         assert query('stallwatch_engine_metrics_up{server="llm/llama-0"} == 1')
         assert query('ALERTS{server="llm/llama-0"}') == []
         assert not [a for a in hook.alerts if a["labels"].get("server") == "llm/llama-0"]
+
+
+def _status_page(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=30) as response:
+        assert response.status == 200
+        return response.read().decode()

@@ -47,11 +47,16 @@ def test_alert_style() -> None:
         assert re.match(r"(InferenceServer|Stallwatch)[A-Z]\w+$", name)
         assert alert["labels"]["severity"] in ("critical", "warning")
         notes = alert["annotations"]
-        assert set(notes) == {"summary", "description", "runbook_url"}, name
         assert notes["summary"].endswith("."), name
         assert "$labels.instance" in notes["description"], name
         if name.startswith("InferenceServer"):
+            assert set(notes) == {"summary", "description", "runbook_url", "status_url"}, name
             assert "$labels.server" in notes["description"], name
+            # The exporter's page for the server, on the host:port Prometheus scrapes; urlquery escapes the `/`
+            # of pod names (llm/kimi-0) as %2F.
+            assert notes["status_url"] == "http://{{ $labels.instance }}/servers/{{ $labels.server | urlquery }}", name
+        else:
+            assert set(notes) == {"summary", "description", "runbook_url"}, name
         assert notes["runbook_url"].endswith("docs/runbook.md#" + name.lower()), name
         assert name in anchors, f"no runbook section for {name}"
 
