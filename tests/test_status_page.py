@@ -4,6 +4,8 @@ them (the history ring, the log tail, the plots' series)."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
 import subprocess
 import urllib.request
@@ -16,7 +18,8 @@ from prometheus_client import CollectorRegistry
 
 import transcripts
 from conftest import require
-from harness import Engine, Exporter, gpus, poll
+from harness import SIM_BIN, Engine, Exporter, free_port, gpus, poll
+from sandbox import DockerContainer, Pod, SystemdUnit, require_root
 from stallwatch.collectors.base import Context
 from stallwatch.config import Config
 from stallwatch.diagnose import MAX_LINE_BYTES, LogTail
@@ -102,6 +105,33 @@ def test_evidence_reaches_http_only_when_asked_for(tmp_path: Path, engine, expor
     assert (WAIT_FRAME in page) is shown and ("Python stacks (py-spy dump" in page) is shown
     assert ("web.show_evidence: true" in page) is not shown
     assert "STALLED" in page
+
+
+def test_pod_container_and_unit_pages_show_the_engines_own_lines(tmp_path: Path, exporter) -> None:
+    """CRI, json-file and journal framing are gone from the lines shown: the tail sees the decoded text."""
+    require_root()
+    last = "Loading safetensors checkpoint shards: 100% Completed | 8/8"
+    log = transcripts.sglang_until_shards(tp=1, shards=8)
+    with contextlib.ExitStack() as stack:
+        pod = stack.enter_context(Pod(tmp_path, "sglang", log, namespace="llm", pod="kimi-0", final="stall", tp=1,
+                                      port=free_port()))
+        docker = stack.enter_context(DockerContainer(tmp_path, "sglang", log, name="kimi-docker", final="stall",
+                                                     tp=1, port=free_port()))
+        unit = stack.enter_context(SystemdUnit(tmp_path, "sglang", log, unit="kimi.service", final="stall", tp=1,
+                                               port=free_port()))
+        e = exporter(config="discovery: {enabled: true, interval: 1s}\nlogs: {poll_interval: 0.2s}\n"
+                            "web: {show_evidence: true, history_interval: 1s}\n",
+                     args=(f"--path.rootfs={tmp_path / 'root'}",),
+                     env={**unit.env, "PATH": f"{SIM_BIN}:{os.environ['PATH']}"})  # the stand-in journalctl
+        for server, runtime in ((pod.name, "runtime kubernetes (namespace llm, pod kimi-0"),
+                                (docker.name, "runtime docker (container kimi-docker)"),
+                                (unit.name, "runtime systemd (unit kimi.service)")):
+            page = poll(lambda s=server: (lambda r: r[1] if r[0] == 200 and last in r[1] else None)(
+                e.get(status_path(s))), timeout=30, what=f"the last shard line on {server}'s page")
+            assert runtime in page, page[:1500]
+            lines = re.findall(r"^  \| (.*)$", page, re.MULTILINE)
+            assert lines[-1].startswith(last) and lines[0].startswith("[2026-11-20 09:14:02] server_args="), lines
+            assert not [line for line in lines if " stdout F " in line or '{"log":' in line or "MESSAGE" in line]
 
 
 def test_names_from_alert_links_404_headers_and_a_disabled_collector(tmp_path: Path, exporter) -> None:
