@@ -209,11 +209,26 @@ def test_history_ring_is_bounded_and_forgets_gone_servers() -> None:
     points = history.points("a")
     assert len(points) == 11 and points[-1].at == 1029.0 and points[0].at == 1019.0
     assert points[-1].cpu == {ProcessKey(7, 5.0): 1.5}
+    assert all(p.cpu for p in points)  # younger than the 3 intervals CPU totals are kept
     # No NVML, no log followers, no engine figures: unknown, never zero.
     assert (points[-1].gpu_memory_bytes, points[-1].log_lines, points[-1].tokens) == (None, None, None)
     servers.pop()
     history.sample_once()
     assert history.points("b") == [] and len(history.points("a")) == 11
+
+
+def test_history_keeps_cpu_totals_only_for_recent_points() -> None:
+    now = [0.0]
+    sample = SimpleNamespace(pid=7, create_time=5.0, cpu_user=1.0, cpu_system=0.5)
+    watcher = SimpleNamespace(servers=lambda: [_server("a", [sample])])
+    history = History(Context(Config(), watcher), interval=10.0, wall=lambda: now[0])  # type: ignore[arg-type]
+    for _ in range(100):
+        history.sample_once()
+        now[0] += 10.0
+    points = history.points("a")
+    kept = [p.at for p in points if p.cpu]
+    assert len(points) == 100 and kept == [p.at for p in points if points[-1].at - p.at <= 180.0]
+    assert window_start(points, points[-1].at).cpu  # a minute back still has them
 
 
 def _point(at: float, lines: int | None, memory: float | None = 2e9, utilization: float | None = 0.5) -> Point:

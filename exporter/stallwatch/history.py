@@ -8,6 +8,7 @@ so a status page needs no Prometheus and adds no load on the engine. A part whos
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -28,6 +29,7 @@ from stallwatch.servers import ProcessKey, Server
 log = logging.getLogger(__name__)
 
 SPAN_SECONDS = 3600.0
+CPU_KEEP_SECONDS = 180.0  # per-process CPU totals are only read about a minute back: older points drop them
 
 
 @dataclass(frozen=True)
@@ -36,7 +38,7 @@ class Point:
     gpu_memory_bytes: float | None  # held by the server on all of its GPUs
     gpu_utilization: float | None  # of its busiest GPU, 0..1
     log_lines: int | None  # read from its logs so far
-    cpu: dict[ProcessKey, float]  # CPU seconds (user + system) of each process of its tree so far
+    cpu: dict[ProcessKey, float]  # CPU seconds (user + system) of each process of its tree so far; recent points
     tokens: tuple[str, float] | None  # (source, generated so far) as the engine reports: its metrics page or log
 
 
@@ -47,6 +49,7 @@ class History:
                  wall: Callable[[], float] = time.time) -> None:
         self.context, self.interval, self._wall = context, interval, wall
         self._size = max(2, int(span / interval) + 1)
+        self._cpu_keep = max(CPU_KEEP_SECONDS, 3 * interval)
         self._rings: dict[str, deque[Point]] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -66,7 +69,17 @@ class History:
             for name in set(self._rings) - set(fresh):
                 del self._rings[name]
             for name, point in fresh.items():
-                self._rings.setdefault(name, deque(maxlen=self._size)).append(point)
+                ring = self._rings.setdefault(name, deque(maxlen=self._size))
+                ring.append(point)
+                self._drop_old_cpu(ring, now)
+
+    def _drop_old_cpu(self, ring: deque[Point], now: float) -> None:
+        """Most of a point's memory is its per-process CPU totals, which no one reads after a few minutes."""
+        for index, point in enumerate(ring):
+            if now - point.at <= self._cpu_keep:
+                return
+            if point.cpu:
+                ring[index] = dataclasses.replace(point, cpu={})
 
     def _devices(self) -> list[Device] | None:
         nvml = self.context.find(Nvml)

@@ -1,0 +1,114 @@
+"""Status page cost: latency of `/servers/<name>` for a stalled TP=8 SGLang (evidence off, and on: the py-spy
+stacks are cached 30 s, so most views reuse them), `/metrics` latency while pages are viewed, the exporter's RSS,
+and the memory one full hour of history takes per server.
+
+    .venv/bin/python tests/bench/bench_status.py [--seconds 35]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import tracemalloc
+import urllib.request
+from pathlib import Path
+from types import SimpleNamespace
+
+import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import transcripts
+from harness import Engine, Exporter, gpus, poll
+from stallwatch.collectors.base import Context
+from stallwatch.config import Config
+from stallwatch.history import SPAN_SECONDS, History
+from stallwatch.web import status_path
+
+CONFIG = "defaults:\n  stall:\n    log_stale: 1s\nweb:\n  history_interval: 1s\n  show_evidence: {evidence}\n"
+
+
+def fetch(url: str) -> float:
+    start = time.perf_counter()
+    with urllib.request.urlopen(url, timeout=30) as response:
+        response.read()
+    return time.perf_counter() - start
+
+
+def quantiles(samples: list[float]) -> str:
+    cut = statistics.quantiles(samples, n=100)
+    return f"p50 {cut[49] * 1000:.1f} ms, p99 {cut[98] * 1000:.1f} ms, max {max(samples) * 1000:.1f} ms"
+
+
+def pages(tmp: Path, seconds: float, evidence: bool) -> None:
+    sim = Engine(tmp, "sglang", transcripts.sglang_until_shards(8, 64), final="stall")
+    try:
+        poll(lambda: sim.log.exists() and "64/64" in sim.log.read_text(), what="64/64")
+        held = {"gpus": [dict(g, processes=[{"pid": sim.proc.pid, "used": 76e9}]) for g in gpus(8)]}
+        e = Exporter(tmp, config=CONFIG.format(evidence=str(evidence).lower()), nvml=held)
+        try:
+            url = e.url + status_path(sim.name)
+            poll(lambda: "verdict stalled" in e.get(status_path(sim.name))[1], timeout=20, what="the stalled verdict")
+            page_times, scrape_times = [], []
+            stop = threading.Event()
+
+            def scrape() -> None:
+                while not stop.is_set():
+                    scrape_times.append(fetch(e.url + "/metrics"))
+                    time.sleep(0.05)
+
+            scraper = threading.Thread(target=scrape)
+            scraper.start()
+            deadline = time.monotonic() + seconds  # past the 30 s stack cache: some views run py-spy
+            while time.monotonic() < deadline:
+                page_times.append(fetch(url))
+                time.sleep(0.1)
+            stop.set()
+            scraper.join()
+            rss = psutil.Process(e.proc.pid).memory_info().rss / 2**20
+            label = "evidence on " if evidence else "evidence off"
+            print(f"{label}: {len(page_times)} views in {seconds:.0f} s: {quantiles(page_times)}")
+            print(f"              /metrics meanwhile: {quantiles(scrape_times)} ({len(scrape_times)} scrapes); "
+                  f"exporter RSS {rss:.1f} MiB")
+        finally:
+            e.stop()
+    finally:
+        sim.stop()
+
+
+def ring_memory(servers: int, processes: int) -> None:
+    """One hour of 10 s points for `servers` servers of `processes` processes each, held in memory."""
+    trees = [[SimpleNamespace(pid=1000 * s + p, create_time=1.7e9 + p, cpu_user=1.0, cpu_system=0.5)
+              for p in range(processes)] for s in range(servers)]
+    fake = [SimpleNamespace(name=f"ns/server-{s}", spec=SimpleNamespace(gpus=None), tree=lambda t=t: t,
+                            tracker=SimpleNamespace(log_figures=lambda: None)) for s, t in enumerate(trees)]
+    now = [0.0]
+    history = History(Context(Config(), SimpleNamespace(servers=lambda: fake)),  # type: ignore[arg-type]
+                      interval=10.0, wall=lambda: now[0])
+    tracemalloc.start()
+    base = tracemalloc.get_traced_memory()[0]
+    for _ in range(int(SPAN_SECONDS / 10) + 1):
+        history.sample_once()
+        now[0] += 10.0
+    used = tracemalloc.get_traced_memory()[0] - base
+    tracemalloc.stop()
+    print(f"history: one hour for {servers} servers x {processes} processes: {used / 2**20:.1f} MiB "
+          f"({used / servers / 1024:.0f} KiB per server)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--seconds", type=float, default=35.0)
+    args = parser.parse_args()
+    for evidence in (False, True):
+        with tempfile.TemporaryDirectory() as tmp:
+            pages(Path(tmp), args.seconds, evidence)
+    ring_memory(servers=8, processes=17)
+
+
+if __name__ == "__main__":
+    main()
