@@ -107,6 +107,31 @@ def test_evidence_reaches_http_only_when_asked_for(tmp_path: Path, engine, expor
     assert "STALLED" in page
 
 
+@pytest.mark.parametrize(("work", "verdict"), [
+    ({"running": 255, "waiting": 0, "throughput": 0.0, "tokens_start": 1234567, "interval": 0.3},
+     "STALLED: serving, holds 255 requests (255 running, 0 waiting) and generated no token"),
+    ({"running": 12, "waiting": 3, "throughput": 800.0, "interval": 0.3}, "HEALTHY: serving"),
+])
+def test_post_ready_hang_from_the_token_history(engine, exporter, work: dict, verdict: str) -> None:
+    """Tokens over the page's window come from the history ring's earlier figures, not from a fetch of its own."""
+    hang = work["throughput"] == 0
+    sim = engine("vllm", transcripts.vllm_post_ready_hang() if hang else transcripts.vllm_healthy(), final="serve",
+                 tp=2, work=work)
+    held = {"gpus": [dict(g, processes=[{"pid": sim.proc.pid, "used": 76e9}]) for g in gpus(2)]}
+    e = exporter(config="defaults:\n  probe: {interval: 0.5s, timeout: 1s}\nengine_metrics: {interval: 0.5s}\n"
+                        "web: {history_interval: 0.5s}\n", nvml=held)
+
+    def page() -> str | None:
+        status, body = e.get(status_path(sim.name))
+        found = re.search(r"tokens \d+ \(in the window: (\d+)\)", body)
+        return body if status == 200 and found and verdict in body else None
+
+    body = poll(page, timeout=30, what=verdict)
+    made = int(re.search(r"in the window: (\d+)", body).group(1))  # type: ignore[union-attr]
+    assert (made == 0) is hang
+    assert "engine figures (from its metrics)" in body and "last probe http://" in body
+
+
 def test_pod_container_and_unit_pages_show_the_engines_own_lines(tmp_path: Path, exporter) -> None:
     """CRI, json-file and journal framing are gone from the lines shown: the tail sees the decoded text."""
     require_root()

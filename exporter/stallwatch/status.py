@@ -25,6 +25,7 @@ from stallwatch.diagnose import (
     StackGroup,
 )
 from stallwatch.enginemetrics import EngineMetricsManager
+from stallwatch.enginestats import Figures
 from stallwatch.history import History, Point
 from stallwatch.nvml import Nvml
 from stallwatch.prober import ProbeManager
@@ -65,7 +66,11 @@ class StatusPages:
     def view(self, server: Server) -> StatusView:
         points = self.history.points(server.name)
         now = self._wall()
-        start = window_start(points, now)
+        figures = self._figures(server)
+        # One window for CPU and tokens: from a point whose tokens came the way they come now, where there is one
+        # (the engine's page answers a few seconds after the first points were taken).
+        same_source = [p for p in points if figures[1] is not None and p.tokens and p.tokens[0] == figures[0]]
+        start = window_start(same_source or points, now)
         earlier = start.cpu if start is not None else {}
         processes = diagnose.processes_since(server, earlier, self.context.config.paths.procfs)
         tail = server.tracker.tap
@@ -74,7 +79,7 @@ class StatusPages:
             processes=processes,
             stacks=self._stacks_of(server, processes) if self.evidence else [],
             port=self._port(server),
-            engine=self._engine(server, start),
+            engine=self._engine(figures, start),
             gpu=diagnose.gpus(server, self._nvml) if self._nvml is not None else GpuSection(
                 False, "the gpu collector is disabled"),
             log_lines=tail.lines() if self.evidence and isinstance(tail, LogTail) else [],
@@ -104,13 +109,18 @@ class StatusPages:
         listening = None if server.listening is None else bool(server.listening)
         return PortInfo(server.port, listening, list(server.listening or ()), probes)
 
-    def _engine(self, server: Server, start: Point | None) -> EngineInfo:
+    def _figures(self, server: Server) -> tuple[str, Figures | None, str]:
+        """The engine's figures as the collectors have them: (source, figures, why its page did not answer)."""
         manager = self.context.find(EngineMetricsManager)
         state = next((s for s in manager.states() if s.server == server.name), None) if manager else None
-        source, figures = "metrics", state.figures if state is not None else None
-        if figures is None:
-            source, figures = "log", server.tracker.log_figures()
         error = state.error if state is not None else ""
+        if state is not None and state.figures is not None:
+            return "metrics", state.figures, error
+        return "log", server.tracker.log_figures(), error
+
+    @staticmethod
+    def _engine(found: tuple[str, Figures | None, str], start: Point | None) -> EngineInfo:
+        source, figures, error = found
         if figures is None:
             return EngineInfo("", None, None, None, None, error)
         made = None
