@@ -21,6 +21,10 @@ PHASE_INDEX = "max by (instance, server) (\n" + "\n  or ".join(
     f'(stallwatch_startup_phase{{{SEL}, phase="{p}"}} == 1) * {i}' for i, p in enumerate(PHASES)) + "\n)"
 
 
+# The alerts' `status_url` (rules/stallwatch.rules.yml), from a row of the server_info table.
+STATUS_URL = "http://${__data.fields.instance:raw}/servers/${__data.fields.server:percentencode}"
+
+
 def target(expr: str, legend: str, ref: str = "A", instant: bool = False) -> dict[str, Any]:
     out = {"datasource": DS, "expr": expr, "legendFormat": legend, "refId": ref}
     if instant:
@@ -43,14 +47,17 @@ def panels() -> list[dict[str, Any]]:
                      description="Where each server is in its startup; a silent stall stays in one phase.",
                      options={"showValue": "auto", "mergeValues": True})
     timeline["fieldConfig"]["defaults"].update({"mappings": phase_mappings, "color": {"mode": "thresholds"}})
+    servers = panel("Servers", "table", 12, 6, 12, 5, [target(f"stallwatch_server_info{{{SEL}}}", "", instant=True)],
+                    description="What each server is (engine, model, TP) and where it runs (runtime, namespace/pod, "
+                                "container, unit). Each row links to the exporter's status page of the server.")
+    servers["fieldConfig"]["defaults"]["links"] = [{"title": "Status page: verdict, processes, GPUs, last hour",
+                                                    "url": STATUS_URL, "targetBlank": True}]
     return [
         timeline,
         panel("Firing stallwatch alerts", "table", 0, 6, 12, 5, [target(
             f'ALERTS{{alertstate="firing", alertname=~"InferenceServer.*|Stallwatch.*", {INST}}}', "",
             instant=True)], description="Alerts from rules/stallwatch.rules.yml firing now."),
-        panel("Servers", "table", 12, 6, 12, 5, [target(f"stallwatch_server_info{{{SEL}}}", "", instant=True)],
-              description="What each server is (engine, model, TP) and where it runs (runtime, namespace/pod, "
-                          "container, unit)."),
+        servers,
         panel("GPU memory held by the server", "timeseries", 0, 11, 12, 8, [
             target(f"stallwatch_server_gpu_memory_used_bytes{{{SEL}}}", "{{server}} GPU {{gpu}}"),
             target(f"max by (instance) (stallwatch_gpu_memory_total_bytes{{{INST}}})", "GPU total", "B"),

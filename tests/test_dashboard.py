@@ -54,3 +54,11 @@ def test_every_query_parses(tmp_path: Path) -> None:
     path.write_text(yaml.safe_dump(rules))
     result = subprocess.run([require("promtool"), "check", "rules", str(path)], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_servers_table_links_each_row_to_its_status_page() -> None:
+    panel = next(p for p in json.loads(DASHBOARD.read_text())["panels"] if p["title"] == "Servers")
+    [link] = panel["fieldConfig"]["defaults"]["links"]
+    assert link["url"] == "http://${__data.fields.instance:raw}/servers/${__data.fields.server:percentencode}"
+    rules = (ROOT / "rules" / "stallwatch.rules.yml").read_text()
+    assert "status_url: 'http://{{ $labels.instance }}/servers/{{ $labels.server | urlquery }}'" in rules
