@@ -47,13 +47,20 @@ def _stalled(engine: Callable[..., Engine], transcript: str) -> tuple[Engine, di
 
 def _stalled_page(e: Exporter, name: str, count: int) -> str:
     """The page once it says the server stalled and its plots have `count` samples."""
-    def ready() -> str | None:
+    def ready() -> str:
         status, body = e.get(status_path(name))
         found = re.search(r'"t": \[([^\]]*)\]', body)
         enough = found is not None and found.group(1).count(",") + 1 >= count
-        return body if status == 200 and enough and 'class="verdict stalled"' in body else None
+        assert status == 200 and enough and 'class="verdict stalled"' in body, _gist(body)
+        return body
 
     return poll(ready, timeout=15, what=f"a stalled verdict and {count} history samples")
+
+
+def _gist(body: str) -> str:
+    """The verdict, engine and port lines of a page: what a timed-out poll reports."""
+    return " | ".join(re.findall(r'<p id="verdict"[^>]*>[^<]*|engine figures[^<\n]*|last probe[^<\n]*|port \d+:[^<\n]*',
+                                 body)) or body[:500]
 
 
 def _chromium(url: str, tmp: Path, budget_ms: int) -> str:
@@ -121,10 +128,11 @@ def test_post_ready_hang_from_the_token_history(engine, exporter, work: dict, ve
     e = exporter(config="defaults:\n  probe: {interval: 0.5s, timeout: 1s}\nengine_metrics: {interval: 0.5s}\n"
                         "web: {history_interval: 0.5s}\n", nvml=held)
 
-    def page() -> str | None:
+    def page() -> str:
         status, body = e.get(status_path(sim.name))
         found = re.search(r"tokens \d+ \(in the window: (\d+)\)", body)
-        return body if status == 200 and found and verdict in body else None
+        assert status == 200 and found and verdict in body, _gist(body)  # the gist shows if it times out
+        return body
 
     body = poll(page, timeout=30, what=verdict)
     made = int(re.search(r"in the window: (\d+)", body).group(1))  # type: ignore[union-attr]
@@ -172,8 +180,10 @@ def test_names_from_alert_links_404_headers_and_a_disabled_collector(tmp_path: P
         assert "<h1>team a/kimi+0</h1>" in body
         assert "GPUs: the gpu collector is disabled" in body  # and NVML is left alone
     assert e.get("/servers/")[0] == 404 and e.get("/servers/other")[0] == 404
-    status, script = e.get("/static/status.js")
-    assert status == 200 and "drawAll" in script
+    with urllib.request.urlopen(e.url + "/static/status.js", timeout=10) as response:
+        assert "drawAll" in response.read().decode()
+        assert response.headers.get_all("Cache-Control") is None
+        assert response.headers["Content-Type"] == "text/javascript; charset=utf-8"
     assert e.get("/static/../cli.py")[0] == 404
 
 

@@ -31,9 +31,8 @@ log = logging.getLogger(__name__)
 TEXT = ("Content-Type", "text/plain; charset=utf-8")
 ALLOWED_METHODS = ("GET", "HEAD")
 STATUS_PREFIX = "/servers/"
-# The status page shows other processes' text: no script but its own, nothing cached on the way.
-PAGE_HEADERS = [("Content-Security-Policy", "default-src 'self'"), ("X-Content-Type-Options", "nosniff"),
-                ("Cache-Control", "no-store")]
+# The status page shows other processes' text: no script but its own, and the page not cached on the way.
+OWN_CONTENT_ONLY = [("Content-Security-Policy", "default-src 'self'"), ("X-Content-Type-Options", "nosniff")]
 DEFAULT_SCRAPE_WAIT = 30.0  # seconds a request waits for a shared collection without Prometheus' timeout header
 MAX_SCRAPE_WAIT = 120.0
 
@@ -205,7 +204,8 @@ def _status_handler(status: StatusPages) -> Handler:
             unquote_plus(escaped, errors="surrogateescape"))
         if server is None:
             return Response(404, [TEXT], b"No watched server of that name.\n")
-        return Response(200, [("Content-Type", "text/html; charset=utf-8"), *PAGE_HEADERS],
+        return Response(200, [("Content-Type", "text/html; charset=utf-8"), ("Cache-Control", "no-store"),
+                              *OWN_CONTENT_ONLY],
                         statuspage.render(status.view(server)))
 
     return page
@@ -215,7 +215,7 @@ def _static(name: str) -> Handler:
     found = statuspage.static_file(name)
     assert found is not None, name
     body, kind = found
-    return lambda _: Response(200, [("Content-Type", kind), ("Cache-Control", "max-age=3600"), *PAGE_HEADERS], body)
+    return lambda _: Response(200, [("Content-Type", kind), *OWN_CONTENT_ONLY], body)
 
 
 def make_app(registry: CollectorRegistry, watcher: Watcher, telemetry_path: str,
