@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 
+import psutil
 import pytest
 from prometheus_client import CollectorRegistry
 
@@ -22,8 +23,8 @@ from harness import SIM_BIN, Engine, Exporter, free_port, gpus, poll
 from sandbox import DockerContainer, Pod, SystemdUnit, require_root
 from stallwatch.collectors.base import Context
 from stallwatch.config import Config
-from stallwatch.diagnose import MAX_LINE_BYTES, LogTail
 from stallwatch.history import History, Point
+from stallwatch.logtail import MAX_LINE_BYTES, LogTail
 from stallwatch.servers import ProcessKey
 from stallwatch.status import WINDOW_SECONDS, window_start
 from stallwatch.statuspage import series
@@ -41,6 +42,9 @@ CONFIG = "defaults:\n  stall:\n    log_stale: 1s\nweb:\n  history_interval: 0.5s
 def _stalled(engine: Callable[..., Engine], transcript: str) -> tuple[Engine, dict]:
     sim = engine("sglang", transcript, final="stall")
     poll(lambda: sim.log.exists() and "64/64" in sim.log.read_text(), what="the last shard line")
+    # Its children are titled just before they sleep: from then on every stack shows the wait.
+    poll(lambda: sum(p.cmdline()[:1] != [] and p.cmdline()[0].startswith("sglang::")
+                     for p in psutil.Process(sim.proc.pid).children()) == 9, what="the titled children")
     held = {"gpus": [dict(g, processes=[{"pid": sim.proc.pid, "used": 76e9}]) for g in gpus(8)]}
     return sim, held
 
@@ -109,7 +113,8 @@ def test_evidence_reaches_http_only_when_asked_for(tmp_path: Path, engine, expor
     for path in ("/", "/metrics", "/static/status.js", "/static/status.css", "/servers/nothing-here"):
         assert SECRET not in e.get(path)[1], path
     assert (SECRET in page) is shown and (SECRET in e.get(status_path(sim.name))[1]) is shown
-    assert (WAIT_FRAME in page) is shown and ("Python stacks (py-spy dump" in page) is shown
+    stacks = re.search(r"<pre>(Python stacks.*?)</pre>", page, re.DOTALL)
+    assert (stacks is not None) is shown and (WAIT_FRAME in page) is shown, stacks and stacks.group(1)
     assert ("web.show_evidence: true" in page) is not shown
     assert "STALLED" in page
 
@@ -130,14 +135,14 @@ def test_post_ready_hang_from_the_token_history(engine, exporter, work: dict, ve
 
     def page() -> str:
         status, body = e.get(status_path(sim.name))
-        found = re.search(r"tokens \d+ \(in the window: (\d+)\)", body)
+        found = re.search(r"engine figures \(from its metrics\).*tokens \d+ \(in the window: (\d+)\)", body)
         assert status == 200 and found and verdict in body, _gist(body)  # the gist shows if it times out
         return body
 
     body = poll(page, timeout=30, what=verdict)
     made = int(re.search(r"in the window: (\d+)", body).group(1))  # type: ignore[union-attr]
     assert (made == 0) is hang
-    assert "engine figures (from its metrics)" in body and "last probe http://" in body
+    assert "last probe http://" in body
 
 
 def test_pod_container_and_unit_pages_show_the_engines_own_lines(tmp_path: Path, exporter) -> None:

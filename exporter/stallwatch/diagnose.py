@@ -17,9 +17,7 @@ import re
 import shutil
 import subprocess
 import sys
-import threading
 import time
-from collections import deque
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -35,14 +33,11 @@ from stallwatch.config import Config
 from stallwatch.enginemetrics import read_page
 from stallwatch.logfollow import LogManager
 from stallwatch.nvml import Nvml
-from stallwatch.phase import ANSI
 from stallwatch.prober import probe_target
 from stallwatch.proctree import ProcSample
 from stallwatch.servers import Server, Watcher
 from stallwatch.workload import printable
 
-TAIL_LINES = 40
-MAX_LINE_BYTES = 4096  # of one log line in a report
 PYSPY_TIMEOUT = 10.0
 IDLE_RATIO = 0.005  # the rules' idle threshold on the busiest GPU's utilization
 STARTUP = ("launching", "loading_weights", "allocating_memory", "capturing_graphs", "warming_up")
@@ -203,46 +198,6 @@ class Report:
 
 
 # -- gathering ---------------------------------------------------------------------------------------------------
-class LogTail:
-    """The last bytes fed to a server's phase tracker (its tap), cut into lines only when read: the tap runs on
-    the log's hot path, so it copies at most KEEP_BYTES a block and never splits lines there."""
-
-    KEEP_BYTES = 64 << 10
-
-    def __init__(self) -> None:
-        self._data = bytearray()
-        self._cut = False  # the front of `_data` is the middle of a line
-        self._lock = threading.Lock()
-
-    def __call__(self, block: bytes) -> None:
-        with self._lock:
-            self._data += block[-self.KEEP_BYTES:]
-            if len(self._data) > 2 * self.KEEP_BYTES:
-                del self._data[:-self.KEEP_BYTES]
-                self._cut = True
-
-    def lines(self, count: int = TAIL_LINES) -> list[str]:
-        """The last `count` lines: decoded engine text, progress-bar rewrites (`\\r`) collapsed."""
-        with self._lock:
-            data, cut = bytes(self._data), self._cut
-        lines: deque[str] = deque(maxlen=count)
-        open_line = rewrite = False  # a line was begun since the last newline; a `\r` returned to its start
-        pieces = re.split(rb"(\r\n|\n|\r)", data)
-        for piece in pieces[2:] if cut else pieces:
-            if piece in (b"\n", b"\r\n"):
-                open_line = rewrite = False
-            elif piece == b"\r":
-                rewrite = True
-            elif piece.strip():
-                text = printable(ANSI.sub(b"", piece[:MAX_LINE_BYTES]).decode("utf-8", "surrogateescape"))
-                if rewrite and open_line:
-                    lines[-1] = text
-                else:
-                    lines.append(text)
-                open_line, rewrite = True, False
-        return list(lines)
-
-
 def select(watcher: Watcher, name: str | None) -> list[Server]:
     servers = sorted(watcher.servers(), key=lambda s: s.name)
     if name is None:
@@ -256,19 +211,18 @@ def select(watcher: Watcher, name: str | None) -> list[Server]:
 
 def gather(config: Config, name: str | None = None, window: float = 2.0) -> Report:
     """Discover, replay the logs, sample for `window` seconds and look at every (or the named) server once."""
+    # Run on the node by its admin, the report shows the evidence: each server keeps its log's tail.
+    config = dataclasses.replace(config, web=dataclasses.replace(config.web, show_evidence=True))
     watcher = Watcher(config)
     watcher.refresh()
     servers = select(watcher, name)
-    tails = {s.name: LogTail() for s in servers}
-    for server in servers:
-        server.tracker.tap = tails[server.name]
     logs = LogManager(watcher, 1.0, replay_events=True)
     try:
         logs.poll()
         before = {s.name: _before(s, config) for s in servers}
         time.sleep(window)
         logs.poll()
-        reports = [assemble(s, _observe(s, config, before[s.name], tails[s.name], window)) for s in servers]
+        reports = [assemble(s, _observe(s, config, before[s.name], window)) for s in servers]
     finally:
         logs.close()
     return Report(__version__, time.time(), reports)
@@ -307,12 +261,12 @@ class Observation:
     log_lines: list[str]
 
 
-def _observe(server: Server, config: Config, before: _Before, tail: LogTail, window: float) -> Observation:
+def _observe(server: Server, config: Config, before: _Before, window: float) -> Observation:
     port = _port(server, config)  # first: a probe that answers makes the phase `serving`, as in the exporter
     earlier = {(s.pid, s.create_time): s.cpu_user + s.cpu_system for s in before.tree}
     processes = processes_since(server, earlier, config.paths.procfs)
     return Observation(window, processes, stacks(processes), port, _engine(server, config, before.tokens),
-                       gpus(server, Nvml(sample_interval=1.0)), tail.lines())
+                       gpus(server, Nvml(sample_interval=1.0)), server.tail.lines() if server.tail else [])
 
 
 def assemble(server: Server, seen: Observation) -> ServerReport:

@@ -22,6 +22,7 @@ import psutil
 from stallwatch import netns
 from stallwatch.config import Config, Probe, ServerSpec
 from stallwatch.engines import ENGINES, Engine
+from stallwatch.logtail import LogTail
 from stallwatch.phase import PhaseTracker
 from stallwatch.proctree import CpuLedger, ProcSample, sample
 from stallwatch.workload import LogSource, Workload, locate, log_sources, printable
@@ -77,6 +78,9 @@ class Server:
         self.probes: tuple[ProbeTarget, ...] = tuple(ProbeTarget(p) for p in spec.probes or ())
         self.log_sources: tuple[LogSource, ...] = tuple(LogSource(p, p) for p in spec.logs)
         self.tracker = PhaseTracker(self.engine)
+        # Kept from the first line read (a tap set later would miss the replayed start), only where it is shown.
+        self.tail = LogTail() if config.web.show_evidence else None
+        self.tracker.tap = self.tail
 
     @property
     def port(self) -> int | None:

@@ -17,7 +17,6 @@ from stallwatch.collectors.base import Context
 from stallwatch.diagnose import (
     EngineInfo,
     GpuSection,
-    LogTail,
     Observation,
     PortInfo,
     ProbeInfo,
@@ -44,8 +43,8 @@ class StatusView:
 
 
 class StatusPages:
-    """Builds a `StatusView` of a watched server on request; owns the history ring and, with evidence on, the
-    log tails (taps on each server's phase tracker)."""
+    """Builds a `StatusView` of a watched server on request; owns the history ring. With evidence on, each
+    server keeps its log's tail (`Server.tail`) and the page runs `py-spy`."""
 
     def __init__(self, context: Context, wall: Callable[[], float] = time.time) -> None:
         self.context, self._wall = context, wall
@@ -54,8 +53,6 @@ class StatusPages:
         self._nvml = context.find(Nvml)  # None: the gpu collector is disabled, and NVML is left alone
         self._stacks: dict[str, tuple[float, list[StackGroup]]] = {}
         self._stack_lock = threading.Lock()
-        if self.evidence:
-            context.watcher.on_change(_tap)
 
     def find(self, name: str) -> Server | None:
         """The server of that name; a name from an alert's label may be the printable form of the real one."""
@@ -73,7 +70,6 @@ class StatusPages:
         start = window_start(same_source or points, now)
         earlier = start.cpu if start is not None else {}
         processes = diagnose.processes_since(server, earlier, self.context.config.paths.procfs)
-        tail = server.tracker.tap
         seen = Observation(
             window=now - start.at if start is not None else 0.0,
             processes=processes,
@@ -82,7 +78,7 @@ class StatusPages:
             engine=self._engine(figures, start),
             gpu=diagnose.gpus(server, self._nvml) if self._nvml is not None else GpuSection(
                 False, "the gpu collector is disabled"),
-            log_lines=tail.lines() if self.evidence and isinstance(tail, LogTail) else [],
+            log_lines=server.tail.lines() if self.evidence and server.tail is not None else [],
         )
         return StatusView(diagnose.assemble(server, seen), points, self.evidence)
 
@@ -135,7 +131,3 @@ def window_start(points: list[Point], now: float) -> Point | None:
     return older[-1] if older else (points[0] if points else None)
 
 
-def _tap(servers: list[Server]) -> None:
-    for server in servers:
-        if server.tracker.tap is None:
-            server.tracker.tap = LogTail()
