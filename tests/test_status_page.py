@@ -39,12 +39,12 @@ REQUEST_LINE = (f"[{transcripts.SG_DAY} 09:19:52] Receive: obj=GenerateReqInput(
 CONFIG = "defaults:\n  stall:\n    log_stale: 1s\nweb:\n  history_interval: 0.5s\n"
 
 
-def _stalled(engine: Callable[..., Engine], transcript: str) -> tuple[Engine, dict]:
-    sim = engine("sglang", transcript, final="stall")
-    poll(lambda: sim.log.exists() and "64/64" in sim.log.read_text(), what="the last shard line")
+def _stalled(engine: Callable[..., Engine], transcript: str, tp: int = 8) -> tuple[Engine, dict]:
+    sim = engine("sglang", transcript, final="stall", tp=tp)
+    poll(lambda: sim.log.exists() and "100% Completed" in sim.log.read_text(), what="the last shard line")
     # Its children are titled just before they sleep: from then on every stack shows the wait.
     poll(lambda: sum(p.cmdline()[:1] != [] and p.cmdline()[0].startswith("sglang::")
-                     for p in psutil.Process(sim.proc.pid).children()) == 9, what="the titled children")
+                     for p in psutil.Process(sim.proc.pid).children()) == tp + 1, what="the titled children")
     held = {"gpus": [dict(g, processes=[{"pid": sim.proc.pid, "used": 76e9}]) for g in gpus(8)]}
     return sim, held
 
@@ -117,6 +117,21 @@ def test_evidence_reaches_http_only_when_asked_for(tmp_path: Path, engine, expor
     assert (stacks is not None) is shown and (WAIT_FRAME in page) is shown, stacks and stacks.group(1)
     assert ("web.show_evidence: true" in page) is not shown
     assert "STALLED" in page
+
+
+def test_a_server_found_after_start_shows_its_log_from_the_first_line(engine, exporter) -> None:
+    e = exporter(config="discovery: {enabled: true, interval: 0.5s}\nweb: {show_evidence: true}\n")
+    transcript = transcripts.sglang_until_shards(1, 8)
+    sim, _ = _stalled(engine, transcript, tp=1)
+
+    def page() -> str:
+        status, body = e.get(status_path(sim.name))
+        assert status == 200 and "| Loading safetensors checkpoint shards: 100% Completed | 8/8" in body, body[:300]
+        return body
+
+    lines = re.findall(r"^  \| (.*)$", poll(page, timeout=15, what="the last shard line"), re.MULTILINE)
+    # Every line, the first included; the progress bar's `\r` rewrites collapsed into its last state.
+    assert lines[0].startswith("[2026-11-20 09:14:02] server_args=") and len(lines) == transcript.count("\n")
 
 
 @pytest.mark.parametrize(("work", "verdict"), [
