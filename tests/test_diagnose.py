@@ -61,7 +61,7 @@ def test_stall_after_64_of_64(tmp_path: Path, engine) -> None:
     assert "port never opened" in head[1] and f"waiting in `{WAIT_FRAME}`" in head[1]
     assert "engine sglang, model moonshotai/Kimi-K2-Instruct, TP 8, runtime host" in out.stdout
     assert "weight shards: 64/64" in out.stdout and "timeline: launching -> loading_weights" in out.stdout
-    assert "server holds 76.0 GB" in out.stdout and "utilization 0%" in out.stdout
+    assert "server holds 76.0 GB" in out.stdout and "utilization 0%, busy 0% over the last 20 s" in out.stdout
     assert "CPU seconds over a 1 s window" in out.stdout and "scheduler_TP7" in out.stdout
     assert "[scheduler_TP0..7, detokenizer]" in out.stdout  # identical ranks printed once
     assert f"{WAIT_FRAME} (enginesim.py:" in out.stdout and "<-- WAIT" in out.stdout
@@ -87,6 +87,20 @@ def test_stall_json_validates_and_has_every_section(tmp_path: Path, engine) -> N
         assert frames[0]["function"] == WAIT_FRAME and frames[0]["wait"], frames
     assert server["port"]["listening"] is False and server["port"]["probes"][0]["reason"] == "refused"
     assert len(server["log"]["lines"]) <= 40 and server["log"]["lines"][-1].startswith("Loading safetensors")
+
+
+def test_gpus_busy_over_recent_samples_are_not_idle(tmp_path: Path, engine) -> None:
+    """Utilization now 0 but NVML's recent samples busy (a burst between two reads): no stall verdict."""
+    sim = engine("sglang", transcripts.sglang_until_shards(8, 64), final="stall")
+    poll(_logged(sim, "64/64"), what="the last shard line")
+    held = _held_by(sim)
+    for gpu in held["gpus"]:
+        gpu["sample_util"] = 40
+    out = _run(tmp_path, sim.name, "--json", nvml=held)
+    server = _json(out)
+    assert server["verdict"]["status"] == "starting", server["verdict"]
+    gpu = server["gpu"]["gpus"][0]
+    assert gpu["utilization"] == 0 and gpu["busy_ratio"] == pytest.approx(0.4) and gpu["busy_window_seconds"] > 10
 
 
 def test_healthy_idle_server(tmp_path: Path, engine) -> None:

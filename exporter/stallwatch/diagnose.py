@@ -32,7 +32,7 @@ from stallwatch.collectors.probe import ProbeSettings
 from stallwatch.config import Config
 from stallwatch.enginemetrics import read_page
 from stallwatch.logfollow import LogManager
-from stallwatch.nvml import Nvml
+from stallwatch.nvml import BusyIntegrator, Nvml
 from stallwatch.prober import probe_target
 from stallwatch.proctree import ProcSample
 from stallwatch.servers import Server, Watcher
@@ -89,6 +89,8 @@ class GpuInfo:
     memory_total_bytes: float
     server_memory_bytes: float | None  # held by this server; None: not one of its GPUs
     utilization: float | None
+    busy_ratio: float | None  # mean utilization over NVML's buffer of recent samples (the last minutes at most)
+    busy_window_seconds: float  # the span of those samples
 
 
 @dataclass
@@ -315,8 +317,26 @@ def gpus(server: Server, nvml: Nvml) -> GpuSection:
         except pynvml.NVMLError as exc:
             errors.append(f"GPU {index} did not answer: {type(exc).__name__}")
     held = {device.index: memory for device, memory in server_memory(server, devices)}
-    gpus = [GpuInfo(d.index, d.uuid, d.name, d.used, d.total, held.get(d.index), d.utilization) for d in devices]
+    gpus = [GpuInfo(d.index, d.uuid, d.name, d.used, d.total, held.get(d.index), d.utilization, *recent_busy(d))
+            for d in devices]
     return GpuSection(True, "; ".join(errors), gpus)
+
+
+def recent_busy(device: Device) -> tuple[float | None, float]:
+    """Mean utilization over the samples NVML still buffers (`nvmlDeviceGetSamples` from time 0: up to a few
+    minutes at its 1/6 to 1 s period) and their span, integrated as the exporter's sampler does."""
+    try:
+        handle = pynvml.nvmlDeviceGetHandleByIndex(int(device.index))
+        _, samples = pynvml.nvmlDeviceGetSamples(handle, pynvml.NVML_GPU_UTILIZATION_SAMPLES, 0)
+    except pynvml.NVMLError:
+        return None, 0.0  # not supported (MIG, old GPUs), or no sample yet
+    stamps = sorted((int(s.timeStamp), float(s.sampleValue.uiVal)) for s in samples)
+    span = (stamps[-1][0] - stamps[0][0]) / 1e6 if stamps else 0.0
+    if span <= 0:
+        return None, 0.0
+    integrator = BusyIntegrator()
+    integrator.add_samples(stamps)
+    return integrator.busy_seconds / span, span
 
 
 def processes_since(server: Server, earlier: Mapping[tuple[int, float], float], procfs: str) -> list[ProcessInfo]:
@@ -441,8 +461,9 @@ def verdict(report: ServerReport, memory_threshold: float, log_stale: float) -> 
         if found is not None:
             return found
     held = [g.server_memory_bytes for g in report.gpu.gpus if g.server_memory_bytes is not None]
-    utilization = [g.utilization for g in report.gpu.gpus if g.server_memory_bytes is not None
-                   and g.utilization is not None]
+    # Now, and over the recent samples where NVML has them: the rules' 5-minute idle window, as far as one look goes.
+    utilization = [u for g in report.gpu.gpus if g.server_memory_bytes is not None
+                   for u in (g.utilization, g.busy_ratio) if u is not None]
     idle = not utilization or max(utilization) < IDLE_RATIO
     quiet = phase.quiet_seconds > log_stale
     probes = [p.success for p in report.port.probes if p.success is not None]
@@ -596,8 +617,11 @@ def _gpu_text(g: GpuSection) -> str:
     rows = [f"  GPU {d.index} {d.name}: server holds "
             + (f"{d.server_memory_bytes / 1e9:.1f} GB" if d.server_memory_bytes is not None else "nothing")
             + f", used {d.memory_used_bytes / 1e9:.1f}/{d.memory_total_bytes / 1e9:.1f} GB, utilization "
-            + (f"{d.utilization:.0%}" if d.utilization is not None else "n/a") for d in g.gpus]
-    return "\n".join(["GPUs (utilization now):", *rows] + ([f"  {g.error}"] if g.error else []))
+            + (f"{d.utilization:.0%}" if d.utilization is not None else "n/a")
+            + (f", busy {d.busy_ratio:.0%} over the last {d.busy_window_seconds:.0f} s" if d.busy_ratio is not None
+               else "") for d in g.gpus]
+    return "\n".join(["GPUs (utilization now; busy: over NVML's recent samples):", *rows]
+                     + ([f"  {g.error}"] if g.error else []))
 
 
 def _process_text(s: ServerReport) -> str:
