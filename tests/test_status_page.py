@@ -4,6 +4,7 @@ them (the history ring, the log tail, the plots' series)."""
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import os
 import re
@@ -13,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 
+import bcrypt
 import psutil
 import pytest
 from prometheus_client import CollectorRegistry
@@ -49,10 +51,12 @@ def _stalled(engine: Callable[..., Engine], transcript: str, tp: int = 8) -> tup
     return sim, held
 
 
-def _stalled_page(e: Exporter, name: str, count: int) -> str:
+def _stalled_page(e: Exporter, name: str, count: int, headers: dict[str, str] | None = None) -> str:
     """The page once it says the server stalled and its plots have `count` samples."""
     def ready() -> str:
-        status, body = e.get(status_path(name))
+        with urllib.request.urlopen(urllib.request.Request(e.url + status_path(name), headers=headers or {}),
+                                    timeout=10) as response:
+            status, body = response.status, response.read().decode()
         found = re.search(r'"t": \[([^\]]*)\]', body)
         enough = found is not None and found.group(1).count(",") + 1 >= count
         assert status == 200 and enough and 'class="verdict stalled"' in body, _gist(body)
@@ -102,6 +106,18 @@ def _check_page(dom: str) -> None:
         assert int(points) >= 2 and int(drawn) > 0, (series_name, points, drawn)
     assert "GPU memory held (GB): now 608 GB" in dom and "weight shards: 64/64" in dom
     assert "server holds 76.0 GB" in dom and "scheduler_TP7" in dom
+
+
+def test_page_behind_basic_auth_draws_and_refreshes_in_chromium(tmp_path: Path, engine, exporter) -> None:
+    sim, held = _stalled(engine, transcripts.sglang_until_shards(8, 64))
+    web = tmp_path / "web.yml"
+    web.write_text(f"basic_auth_users:\n  alice: '{bcrypt.hashpw(b'secret', bcrypt.gensalt(4)).decode()}'\n")
+    e = exporter(config=CONFIG, nvml=held, args=(f"--web.config.file={web}",), ready=False)
+    assert poll(lambda: e.get(status_path(sim.name))[0], what="an answer") == 401
+    _stalled_page(e, sim.name, 3, {"Authorization": "Basic " + base64.b64encode(b"alice:secret").decode()})
+    dom = _chromium(f"http://alice:secret@127.0.0.1:{e.port}{status_path(sim.name)}", tmp_path, budget_ms=20_000)
+    _check_page(dom)
+    assert re.search(r'data-refreshes="[1-9]', dom), "the report was not refreshed behind basic auth"
 
 
 @pytest.mark.parametrize("shown", [False, True])

@@ -69,7 +69,9 @@ function drawAll() {
 
 async function refresh() {
   try {
-    const response = await fetch(location.href, { cache: "no-store" });
+    // From the origin: a page opened as http://user:password@host/... resolves even relative URLs with the
+    // credentials, which fetch() refuses; the browser's auth cache sends them.
+    const response = await fetch(location.origin + location.pathname + location.search, { cache: "no-store" });
     if (!response.ok) return;
     const page = new DOMParser().parseFromString(await response.text(), "text/html");
     const fresh = page.getElementById("report");
