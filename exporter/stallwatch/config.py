@@ -310,7 +310,7 @@ def _log_regex(value: Any) -> re.Pattern[bytes]:
     return _compiled(text, text.encode())
 
 
-def _choice(options: tuple[str, ...]) -> Callable[[Any], str]:
+def choice(options: tuple[str, ...]) -> Callable[[Any], str]:
     def convert(value: Any) -> str:
         if value not in options:
             raise ValueError(f"expected one of {', '.join(options)}, got {value!r}")
@@ -351,7 +351,7 @@ def _server(r: _Reader, node: yaml.Node, path: str, defaults: Defaults) -> Serve
     keys = r.mapping(node, path, {"name", "engine", "match", "logs", "probes", "gpus", "stall", "patterns"})
     if "engine" not in keys:
         raise r.fail(node, f"{path}.engine", "missing; expected one of " + ", ".join(ENGINES))
-    engine = r.scalar(keys["engine"], f"{path}.engine", _choice(tuple(ENGINES)))
+    engine = r.scalar(keys["engine"], f"{path}.engine", choice(tuple(ENGINES)))
     cmdline = None
     if "match" in keys:
         match = r.mapping(keys["match"], f"{path}.match", {"cmdline"})
@@ -364,7 +364,7 @@ def _server(r: _Reader, node: yaml.Node, path: str, defaults: Defaults) -> Serve
     if "gpus" in keys and not isinstance(keys["gpus"], yaml.ScalarNode):
         gpus = _items(r, keys["gpus"], f"{path}.gpus", lambda n, p: r.scalar(n, p, _gpu_index))
     elif "gpus" in keys:
-        r.scalar(keys["gpus"], f"{path}.gpus", _choice(("auto",)))
+        r.scalar(keys["gpus"], f"{path}.gpus", choice(("auto",)))
     return ServerSpec(
         engine=engine,
         name=r.scalar(keys["name"], f"{path}.name", _string) if "name" in keys else None,

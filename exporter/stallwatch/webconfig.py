@@ -28,7 +28,7 @@ from typing import Any
 import bcrypt
 import yaml
 
-from stallwatch.config import _Reader, boolean, compose, read_text
+from stallwatch.config import _Reader, boolean, choice, compose, read_text
 
 log = logging.getLogger(__name__)
 
@@ -69,13 +69,6 @@ def _header_value(value: Any) -> str:
     return text
 
 
-def _choice(options: tuple[str, ...]) -> Any:
-    def convert(value: Any) -> str:
-        if value not in options:
-            raise ValueError(f"expected one of {', '.join(options)}, got {value!r}")
-        return value
-    return convert
-
 
 @dataclass(frozen=True)
 class TLSServerConfig:
@@ -109,8 +102,8 @@ def _tls(r: _Reader, node: yaml.Node, base_dir: str) -> TLSServerConfig:
     for key, value_node in keys.items():
         if key in UNSUPPORTED:
             raise r.fail(value_node, f"{path}.{key}", UNSUPPORTED[key])
-        convert = {"client_auth_type": _choice(CLIENT_AUTH_TYPES), "min_version": _choice(tuple(TLS_VERSIONS)),
-                   "max_version": _choice(tuple(TLS_VERSIONS))}.get(key, _text)
+        convert = {"client_auth_type": choice(CLIENT_AUTH_TYPES), "min_version": choice(tuple(TLS_VERSIONS)),
+                   "max_version": choice(tuple(TLS_VERSIONS))}.get(key, _text)
         values[key] = r.scalar(value_node, f"{path}.{key}", convert)
     for key in ("cert_file", "key_file", "client_ca_file"):
         if values.get(key):  # exporter-toolkit `SetDirectory`: relative to the web config file
