@@ -279,28 +279,35 @@ def test_tls_handshakeless_clients_do_not_stall_scrapes(tmp_path: Path) -> None:
     assert figures.q(0.99) <= CI_SLACK * 100, figures.line(f"p99 over {CI_SLACK * 100} ms")
 
 
+@contextlib.contextmanager
+def past_fd_limit(rig: Rig, connections: int, headroom: int = 40) -> Iterator[int]:
+    """The running exporter's RLIMIT_NOFILE lowered to the descriptors it holds plus `headroom`, and `connections`
+    opened past it (accept meets EMFILE); yields the limit. Closes them and restores the limit on the way out."""
+    pid = rig.exporter.proc.pid
+    before = resource.prlimit(pid, resource.RLIMIT_NOFILE)
+    limit = psutil.Process(pid).num_fds() + headroom
+    resource.prlimit(pid, resource.RLIMIT_NOFILE, (limit, before[1]))
+    socks: list[socket.socket] = []
+    try:
+        socks = [socket.create_connection(("127.0.0.1", rig.exporter.port), timeout=10) for _ in range(connections)]
+        yield limit
+    finally:
+        for sock in socks:
+            with contextlib.suppress(OSError):
+                sock.close()
+        resource.prlimit(pid, resource.RLIMIT_NOFILE, before)
+
+
 def test_fd_exhaustion_backs_off_and_recovers(rig: Rig) -> None:
     """RLIMIT_NOFILE lowered on the running exporter, connections opened past it: accept meets EMFILE. The loop
     must not spin, and scrapes must work again once the connections go."""
-    pid = rig.exporter.proc.pid
-    before = resource.prlimit(pid, resource.RLIMIT_NOFILE)
-    limit = psutil.Process(pid).num_fds() + 40
-    resource.prlimit(pid, resource.RLIMIT_NOFILE, (limit, before[1]))
-    try:
-        socks = [socket.create_connection(("127.0.0.1", rig.exporter.port), timeout=10) for _ in range(150)]
-        try:
-            cpu = cpu_percent(pid, 3.0)
-        finally:
-            for sock in socks:
-                sock.close()
-        resource.prlimit(pid, resource.RLIMIT_NOFILE, before)
-        recovered = poll(lambda: sequential_scrapes(rig.exporter.port, 1).latencies, timeout=15,
-                         what="scrapes after EMFILE")
-        print(f"\nEMFILE: 150 connections over a limit of {limit} descriptors: exporter CPU {cpu:.1f}% of a core; "
-              f"first scrape after {recovered[0] * 1000:.1f} ms")
-        assert cpu < 30, f"accept loop spinning: {cpu:.1f}% CPU"
-        assert "backing off" in rig.exporter.log.read_text()
-        rig.exporter.wait_for(lambda s: all(v.value == 1 for v in s.samples("stallwatch_collector_success")),
-                              what="collectors healthy again")
-    finally:
-        resource.prlimit(pid, resource.RLIMIT_NOFILE, before)
+    with past_fd_limit(rig, 150) as limit:
+        cpu = cpu_percent(rig.exporter.proc.pid, 3.0)
+    recovered = poll(lambda: sequential_scrapes(rig.exporter.port, 1).latencies, timeout=15,
+                     what="scrapes after EMFILE")
+    print(f"\nEMFILE: 150 connections over a limit of {limit} descriptors: exporter CPU {cpu:.1f}% of a core; "
+          f"first scrape after {recovered[0] * 1000:.1f} ms")
+    assert cpu < 30, f"accept loop spinning: {cpu:.1f}% CPU"
+    assert "backing off" in rig.exporter.log.read_text()
+    rig.exporter.wait_for(lambda s: all(v.value == 1 for v in s.samples("stallwatch_collector_success")),
+                          what="collectors healthy again")

@@ -13,8 +13,6 @@ The exporter watches a simulated SGLang TP=8 server with 8 fake GPUs, on loopbac
 from __future__ import annotations
 
 import argparse
-import contextlib
-import resource
 import socket
 import sys
 import tempfile
@@ -30,6 +28,7 @@ from test_load import (
     concurrent_scrapers,
     cpu_percent,
     idle_and_slowloris,
+    past_fd_limit,
     raise_nofile,
     sequential_scrapes,
     start_rig,
@@ -84,19 +83,9 @@ def tls(tmp: Path) -> None:
 
 
 def emfile(rig: Rig) -> None:
-    pid = rig.exporter.proc.pid
-    before = resource.prlimit(pid, resource.RLIMIT_NOFILE)
-    limit = psutil.Process(pid).num_fds() + 40
-    resource.prlimit(pid, resource.RLIMIT_NOFILE, (limit, before[1]))
-    try:
-        socks = [socket.create_connection(("127.0.0.1", rig.exporter.port), timeout=10) for _ in range(500)]
+    with past_fd_limit(rig, 500) as limit:
         during = sequential_scrapes(rig.exporter.port, 5, pause=0.2)
-        cpu = cpu_percent(pid, 5.0)
-        for sock in socks:
-            with contextlib.suppress(OSError):
-                sock.close()
-    finally:
-        resource.prlimit(pid, resource.RLIMIT_NOFILE, before)
+        cpu = cpu_percent(rig.exporter.proc.pid, 5.0)
     start = time.monotonic()
     poll(lambda: sequential_scrapes(rig.exporter.port, 1).latencies, timeout=30, what="recovery")
     print(f"EMFILE: 500 connections at a limit of {limit} descriptors: exporter CPU {cpu:.1f}% of a core over 5 s; "
