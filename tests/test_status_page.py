@@ -28,7 +28,7 @@ from stallwatch.config import Config
 from stallwatch.history import History, Point
 from stallwatch.logtail import MAX_LINE_BYTES, LogTail
 from stallwatch.servers import ProcessKey
-from stallwatch.status import WINDOW_SECONDS, window_start
+from stallwatch.status import WINDOW_SECONDS, StatusPages, window_start
 from stallwatch.statuspage import series
 from stallwatch.web import make_app, status_path
 from stallwatch.webconfig import WebConfig
@@ -221,6 +221,26 @@ def test_names_from_alert_links_404_headers_and_a_disabled_collector(tmp_path: P
         assert response.headers.get_all("Cache-Control") is None
         assert response.headers["Content-Type"] == "text/javascript; charset=utf-8"
     assert e.get("/static/../cli.py")[0] == 404
+
+
+def test_names_that_are_not_utf8_link_and_resolve() -> None:
+    """A pod name with bytes that are not UTF-8 (surrogate-escaped): the landing page links it, the link leads back
+    to it, and so does the printable form an alert's label carries."""
+    odd = SimpleNamespace(name="llm/pod-\udcff\udcfe", engine=SimpleNamespace(name="sglang"), is_running=lambda: True,
+                          probes=[], log_sources=[])
+    watcher = SimpleNamespace(servers=lambda: [odd])
+    pages = StatusPages(Context(Config(), watcher))  # type: ignore[arg-type]
+    assert pages.find(odd.name) is odd and pages.find("llm/pod-\\xff\\xfe") is odd and pages.find("llm/pod-") is None
+    asked: list[str] = []
+    recording = SimpleNamespace(find=lambda name: asked.append(name))
+    app = make_app(CollectorRegistry(), watcher, "/metrics", None, recording)  # type: ignore[arg-type]
+    def get(path: str):  # type: ignore[no-untyped-def]
+        return app(SimpleNamespace(path=path, method="GET", headers={}, query={}))  # type: ignore[arg-type]
+
+    landing = get("/")
+    assert landing.status == 200
+    assert '<a href="/servers/llm%2Fpod-%FF%FE">llm/pod-\\xff\\xfe</a>' in landing.body.decode()
+    assert get("/servers/llm%2Fpod-%FF%FE").status == 404 and asked[0] == odd.name
 
 
 def test_status_pages_sit_behind_basic_auth() -> None:
