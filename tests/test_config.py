@@ -8,8 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from stallwatch.config import ConfigError, parse
-from stallwatch.units import parse_duration, parse_size
+from stallwatch import config
+from stallwatch.collectors import sections
+from stallwatch.config.reader import ConfigError
+from stallwatch.config.units import parse_duration, parse_size
 
 GOOD = """\
 servers:
@@ -28,6 +30,10 @@ servers:
       log_stale: 10m
 gpu: {enabled: true}
 """
+
+
+def parse(text: str, file: str = "<config>") -> config.Config:
+    return config.parse(text, sections(), file)
 
 
 def check_config(tmp_path: Path, text: str | None, name: str = "c.yml") -> subprocess.CompletedProcess[str]:

@@ -18,13 +18,14 @@ from pathlib import Path
 
 import psutil
 import pytest
-from test_config import GOOD, check_config
+from test_config import GOOD, check_config, parse
 
 from conftest import require
 from harness import Exporter, Scrape, free_port, poll
 from stallwatch.collectors import StallwatchCollector
 from stallwatch.collectors.logs import LogsCollector
-from stallwatch.config import Config, ConfigError, Discovery, ServerSpec, parse
+from stallwatch.config import Config, Discovery, ServerSpec
+from stallwatch.config.reader import ConfigError
 from stallwatch.logfollow import LogFile, LogManager
 from stallwatch.prober import probe
 from stallwatch.servers import Watcher

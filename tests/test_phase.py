@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import transcripts as t
-from stallwatch.engines import ENGINES, rule
+from stallwatch.engines import ENGINES
+from stallwatch.engines.base import rule
 from stallwatch.phase import PhaseTracker
 
 

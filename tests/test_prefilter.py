@@ -7,7 +7,8 @@ import re
 
 import pytest
 
-from stallwatch.engines import ENGINES, SAFETENSORS_SHARDS, rule
+from stallwatch.engines import ENGINES
+from stallwatch.engines.base import SAFETENSORS_SHARDS, rule
 from stallwatch.prefilter import SHARDS, compile_rules, required_literals, strip_groups
 
 

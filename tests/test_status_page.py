@@ -25,13 +25,13 @@ from harness import SIM_BIN, Engine, Exporter, free_port, gpus, poll
 from sandbox import DockerContainer, Pod, SystemdUnit, require_root
 from stallwatch.collectors.base import Context
 from stallwatch.config import Config
+from stallwatch.config.web import WebConfig
 from stallwatch.history import History, Point
 from stallwatch.logtail import MAX_LINE_BYTES, LogTail
 from stallwatch.servers import ProcessKey
 from stallwatch.status import WINDOW_SECONDS, StatusPages, window_start
 from stallwatch.statuspage import series
 from stallwatch.web import make_app, status_path
-from stallwatch.webconfig import WebConfig
 
 WAIT_FRAME = "wait_for_draft_hidden_states"  # where the simulated engine's processes sleep (tests/sim)
 SECRET = "SECRET-PROMPT-7f3a9c"

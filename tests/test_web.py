@@ -21,10 +21,10 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily
 
 from harness import Exporter, poll
-from stallwatch.config import ConfigError
+from stallwatch.config.reader import ConfigError
+from stallwatch.config.web import BasicAuth, WebConfig, parse
 from stallwatch.httpserver import HeadError, Limits, Server, parse_head
 from stallwatch.web import SharedCollection, gzip_accepted, make_app, restrict, serve
-from stallwatch.webconfig import BasicAuth, WebConfig, parse
 
 # --- certificates: a throwaway CA, server and client certificates (openssl CLI) --------------------------------
 

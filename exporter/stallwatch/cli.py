@@ -13,11 +13,13 @@ from collections.abc import Sequence
 import psutil
 from prometheus_client import CollectorRegistry
 
-from stallwatch import __version__, webconfig
+from stallwatch import __version__
 from stallwatch import config as config_module
 from stallwatch import diagnose as diagnose_module
-from stallwatch.collectors import REGISTRY, build
-from stallwatch.config import Config, ConfigError
+from stallwatch.collectors import REGISTRY, build, sections
+from stallwatch.config import Config
+from stallwatch.config import web as webconfig
+from stallwatch.config.reader import ConfigError
 from stallwatch.status import StatusPages
 from stallwatch.web import make_app, serve
 
@@ -98,10 +100,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     try:
         if args.command == "check-config":
-            config_module.load(args.file)
+            config_module.load(args.file, sections())
             print(f"{args.file}: OK")
             return 0
-        config = config_module.load(args.config_file) if args.config_file else Config()
+        config = config_module.load(args.config_file, sections()) if args.config_file else Config()
         config = _with_path_flags(config, args)
         if args.command == "diagnose":
             return _diagnose(config, args)

@@ -36,7 +36,7 @@ from stallwatch.nvml import BusyIntegrator, Nvml
 from stallwatch.prober import probe_target
 from stallwatch.proctree import ProcSample
 from stallwatch.servers import Server, Watcher
-from stallwatch.workload import printable
+from stallwatch.text import printable
 
 PYSPY_TIMEOUT = 10.0
 IDLE_RATIO = 0.005  # the rules' idle threshold on the busiest GPU's utilization

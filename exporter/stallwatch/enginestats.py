@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from stallwatch.engines import MetricsSpec, StatsLine
+from stallwatch.engines.base import MetricsSpec, StatsLine
 
 MAX_STATS_LINES = 64  # per block, read back from its end: the last line of each rank
 

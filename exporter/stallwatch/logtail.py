@@ -11,7 +11,7 @@ import threading
 from collections import deque
 
 from stallwatch.phase import ANSI
-from stallwatch.workload import printable
+from stallwatch.text import printable
 
 TAIL_LINES = 40
 MAX_LINE_BYTES = 4096  # of one log line in a report

@@ -13,7 +13,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import NamedTuple
 
-from stallwatch.engines import EVENTS, Engine
+from stallwatch.engines.base import EVENTS, Engine
 from stallwatch.enginestats import Figures, LogStats
 from stallwatch.prefilter import SHARDS, Compiled, compile_rules, strip_groups
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from stallwatch.engines import Rule
+from stallwatch.engines.base import Rule
 
 try:  # Python 3.11+
     import re._constants as _sre_constants

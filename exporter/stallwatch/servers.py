@@ -21,11 +21,13 @@ import psutil
 
 from stallwatch import netns
 from stallwatch.config import Config, Probe, ServerSpec
-from stallwatch.engines import ENGINES, Engine
+from stallwatch.engines import ENGINES
+from stallwatch.engines.base import Engine
 from stallwatch.logtail import LogTail
 from stallwatch.phase import PhaseTracker
 from stallwatch.proctree import CpuLedger, ProcSample, sample
-from stallwatch.workload import LogSource, Workload, locate, log_sources, printable
+from stallwatch.text import printable
+from stallwatch.workload import LogSource, Workload, locate, log_sources
 
 log = logging.getLogger(__name__)
 

@@ -29,7 +29,7 @@ from stallwatch.history import History, Point
 from stallwatch.nvml import Nvml
 from stallwatch.prober import ProbeManager
 from stallwatch.servers import Server
-from stallwatch.workload import display
+from stallwatch.text import display
 
 WINDOW_SECONDS = 60.0  # CPU seconds and tokens are reported over about the last minute
 STACK_TTL_SECONDS = 30.0

@@ -16,7 +16,7 @@ from stallwatch import __version__
 from stallwatch.diagnose import body_sections, describe
 from stallwatch.history import SPAN_SECONDS, Point
 from stallwatch.status import StatusView
-from stallwatch.workload import display
+from stallwatch.text import display
 
 REFRESH_SECONDS = 15
 STATIC = Path(__file__).parent / "static"

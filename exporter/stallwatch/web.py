@@ -20,11 +20,11 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.metrics_core import Metric
 
 from stallwatch import __version__, statuspage
+from stallwatch.config.web import BasicAuth, TLSReloader, WebConfig
 from stallwatch.httpserver import Handler, Limits, Request, Response, Server
 from stallwatch.servers import ProbeTarget, Watcher
 from stallwatch.status import StatusPages
-from stallwatch.webconfig import BasicAuth, TLSReloader, WebConfig
-from stallwatch.workload import display
+from stallwatch.text import display
 
 log = logging.getLogger(__name__)
 

@@ -23,19 +23,7 @@ from stallwatch.placement import (
     rootfs_path,
     short_id,
 )
-
-
-def printable(text: str) -> str:
-    """Text read from another process (surrogate-escaped bytes that are not UTF-8) made safe to export."""
-    return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
-
-
-def display(text: str) -> str:
-    """`printable`, and lone surrogates it cannot carry (e.g. a YAML `"\\ud800"`) as `\\ud800` text."""
-    try:
-        return printable(text)
-    except UnicodeError:
-        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+from stallwatch.text import printable
 
 
 @dataclass(frozen=True)

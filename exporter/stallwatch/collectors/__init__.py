@@ -27,10 +27,10 @@ from stallwatch.collectors import (
     thresholds,
 )
 from stallwatch.collectors.base import Context, MetricSource, Registration
-from stallwatch.config import Config
+from stallwatch.config import CollectorSettings, Config
 from stallwatch.metrics import family
 from stallwatch.servers import Watcher
-from stallwatch.workload import printable
+from stallwatch.text import printable
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +46,11 @@ REGISTRY: tuple[Registration, ...] = (
     thresholds.COLLECTOR,
     build_info.COLLECTOR,
 )
+
+
+def sections() -> dict[str, type[CollectorSettings]]:
+    """Each collector's config section: its name and settings class, for the config reader."""
+    return {registration.name: registration.settings for registration in REGISTRY}
 
 
 class StallwatchCollector(Collector):

@@ -10,7 +10,9 @@ from dataclasses import dataclass
 from prometheus_client.core import Metric
 
 from stallwatch.collectors.base import Context, Registration
-from stallwatch.config import CollectorSettings, positive_duration, setting
+from stallwatch.config import CollectorSettings
+from stallwatch.config.reader import setting
+from stallwatch.config.values import positive_duration
 from stallwatch.enginemetrics import EngineMetricsManager
 from stallwatch.enginestats import Figures
 from stallwatch.metrics import family

@@ -12,7 +12,9 @@ import pynvml
 from prometheus_client.core import Metric
 
 from stallwatch.collectors.base import Registration
-from stallwatch.config import CollectorSettings, positive_duration, setting
+from stallwatch.config import CollectorSettings
+from stallwatch.config.reader import setting
+from stallwatch.config.values import positive_duration
 from stallwatch.metrics import family
 from stallwatch.nvml import Nvml, as_str
 from stallwatch.servers import Server, Watcher

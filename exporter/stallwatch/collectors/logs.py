@@ -9,7 +9,9 @@ from dataclasses import dataclass
 from prometheus_client.core import Metric
 
 from stallwatch.collectors.base import Registration
-from stallwatch.config import CollectorSettings, positive_duration, setting
+from stallwatch.config import CollectorSettings
+from stallwatch.config.reader import setting
+from stallwatch.config.values import positive_duration
 from stallwatch.logfollow import LogManager
 from stallwatch.metrics import family
 from stallwatch.servers import Watcher

@@ -8,7 +8,7 @@ from prometheus_client.core import Metric
 
 from stallwatch.collectors.base import Registration
 from stallwatch.config import CollectorSettings
-from stallwatch.engines import PHASES
+from stallwatch.engines.base import PHASES
 from stallwatch.metrics import family
 from stallwatch.servers import Watcher
 

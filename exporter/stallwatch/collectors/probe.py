@@ -8,7 +8,9 @@ from dataclasses import dataclass
 from prometheus_client.core import Metric
 
 from stallwatch.collectors.base import Context, Registration
-from stallwatch.config import CollectorSettings, boolean, setting
+from stallwatch.config import CollectorSettings
+from stallwatch.config.reader import setting
+from stallwatch.config.values import boolean
 from stallwatch.metrics import family
 from stallwatch.prober import REASONS, ProbeManager
 

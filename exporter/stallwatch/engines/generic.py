@@ -1,5 +1,5 @@
 """An engine stallwatch knows nothing about: its process matcher and log patterns come from config."""
 
-from stallwatch.engines import Engine
+from stallwatch.engines.base import Engine
 
 ENGINE = Engine(name="generic", cmdline=None, default_port=None)

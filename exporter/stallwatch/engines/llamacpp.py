@@ -3,7 +3,7 @@
 
 import re
 
-from stallwatch.engines import Engine, MetricsSpec, rule
+from stallwatch.engines.base import Engine, MetricsSpec, rule
 
 ENGINE = Engine(
     name="llamacpp",

@@ -4,7 +4,7 @@
 
 import re
 
-from stallwatch.engines import SAFETENSORS_SHARDS, Engine, MetricsSpec, StatsLine, rule
+from stallwatch.engines.base import SAFETENSORS_SHARDS, Engine, MetricsSpec, StatsLine, rule
 
 ENGINE = Engine(
     name="sglang",

@@ -3,7 +3,7 @@
 
 import re
 
-from stallwatch.engines import Engine, MetricsSpec, heartbeats, rule
+from stallwatch.engines.base import Engine, MetricsSpec, heartbeats, rule
 
 ENGINE = Engine(
     name="tgi",

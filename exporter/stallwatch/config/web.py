@@ -3,7 +3,7 @@
 The keys, their meaning and their checks follow exporter-toolkit's `docs/web-configuration.md`,
 `web/tls_config.go` (`getTLSConfig`, `ConfigToTLSConfig`, paths relative to the file's directory) and
 `web/handler.go` (`extraHTTPHeaders`, `validateUsers`, the bcrypt cache and the one-bcrypt-at-a-time mutex).
-Errors read `file:line: key: reason` through the main config's reader (`stallwatch.config._Reader`), exit 2.
+Errors read `file:line: key: reason` through the main config's reader (`stallwatch.config.Reader`), exit 2.
 
 Python's `ssl` module cannot accept a client certificate without verifying it, so `RequireAnyClientCert` is
 refused with that reason, and `RequestClientCert` does not ask for a certificate (stallwatch does not use
@@ -28,7 +28,8 @@ from typing import Any
 import bcrypt
 import yaml
 
-from stallwatch.config import _Reader, boolean, choice, compose, read_text
+from stallwatch.config.reader import Reader, compose, read_text
+from stallwatch.config.values import boolean, choice
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +96,7 @@ class WebConfig:
     file: str = ""
 
 
-def _tls(r: _Reader, node: yaml.Node, base_dir: str) -> TLSServerConfig:
+def _tls(r: Reader, node: yaml.Node, base_dir: str) -> TLSServerConfig:
     path = "tls_server_config"
     keys = r.mapping(node, path, {*(f for f in TLSServerConfig.__dataclass_fields__), *UNSUPPORTED})
     values: dict[str, str] = {}
@@ -113,7 +114,7 @@ def _tls(r: _Reader, node: yaml.Node, base_dir: str) -> TLSServerConfig:
     return tls
 
 
-def _check_tls(r: _Reader, node: yaml.Node, tls: TLSServerConfig) -> None:
+def _check_tls(r: Reader, node: yaml.Node, tls: TLSServerConfig) -> None:
     """The combinations exporter-toolkit's `ConfigToTLSConfig` refuses, and the one Python cannot do."""
     path = "tls_server_config"
     if tls.enabled and not tls.cert_file:
@@ -134,7 +135,7 @@ def _check_tls(r: _Reader, node: yaml.Node, tls: TLSServerConfig) -> None:
         raise r.fail(node, f"{path}.min_version", f"above max_version {tls.max_version}")
 
 
-def _users(r: _Reader, node: yaml.Node) -> dict[str, bytes]:
+def _users(r: Reader, node: yaml.Node) -> dict[str, bytes]:
     if not isinstance(node, yaml.MappingNode):
         raise r.fail(node, "basic_auth_users", "expected a mapping of username to bcrypt hash")
     users: dict[str, bytes] = {}
@@ -152,7 +153,7 @@ def _users(r: _Reader, node: yaml.Node) -> dict[str, bytes]:
     return users
 
 
-def _headers(r: _Reader, node: yaml.Node) -> dict[str, str]:
+def _headers(r: Reader, node: yaml.Node) -> dict[str, str]:
     keys = r.mapping(node, "http_server_config.headers", set(EXTRA_HEADERS))
     headers: dict[str, str] = {}
     for name, value_node in keys.items():
@@ -165,7 +166,7 @@ def _headers(r: _Reader, node: yaml.Node) -> dict[str, str]:
     return headers
 
 
-def _http(r: _Reader, node: yaml.Node) -> dict[str, str]:
+def _http(r: Reader, node: yaml.Node) -> dict[str, str]:
     keys = r.mapping(node, "http_server_config", {"headers", "http2"})
     if "http2" in keys:  # accepted for compatibility: stallwatch speaks HTTP/1.1, which Prometheus uses anyway
         r.scalar(keys["http2"], "http_server_config.http2", boolean)
@@ -174,11 +175,11 @@ def _http(r: _Reader, node: yaml.Node) -> dict[str, str]:
 
 def parse(text: str, file: str) -> WebConfig:
     """The web config in `text`; certificate files are loaded once here so that a bad one is refused at start."""
-    r = _Reader(file)
+    r = Reader(file)
     return _config(r, compose(r, text), file)
 
 
-def _config(r: _Reader, root: yaml.Node | None, file: str) -> WebConfig:
+def _config(r: Reader, root: yaml.Node | None, file: str) -> WebConfig:
     keys = {} if root is None else r.mapping(root, "", {"tls_server_config", "basic_auth_users",
                                                         "http_server_config"})
     config = WebConfig(

@@ -1,0 +1,211 @@
+"""The YAML config: schema, defaults and validation with errors that name the file, line and key.
+
+Each section is a frozen dataclass whose fields carry their default and their converter (`setting`), so a
+default is declared once and one generic reader (`reader.Reader.struct`) reads every section. The collectors'
+sections are handed in (`parse(text, sections)`): this package imports nothing above the engines.
+The exporter runs without any file: `Config()` is the default (auto-discovery of known engines).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+import yaml
+
+from stallwatch.config.reader import Reader, compose, read_text, setting
+from stallwatch.config.units import parse_size
+from stallwatch.config.values import (
+    absolute_path,
+    boolean,
+    choice,
+    command_regex,
+    gpu_index,
+    log_path,
+    log_regex,
+    positive_duration,
+    string,
+    url,
+)
+from stallwatch.engines import ENGINES
+from stallwatch.engines.base import EVENTS, PHASES, Rule
+
+S = TypeVar("S", bound="CollectorSettings")
+
+
+@dataclass(frozen=True)
+class Paths:
+    """Where the node's files are, as node_exporter's `--path.procfs`/`--path.rootfs`: a containerized
+    exporter sees the node's root under e.g. `/host`. The log roots are node paths, read under `rootfs`."""
+
+    procfs: str = setting(absolute_path, "/proc")
+    rootfs: str = setting(absolute_path, "/")
+    pod_logs: str = setting(absolute_path, "/var/log/pods")  # kubelet podLogsDir
+    container_logs: str = setting(absolute_path, "/var/log/containers")  # kubelet's legacy links
+    docker: str = setting(absolute_path, "/var/lib/docker")  # dockerd data-root
+    journal: str | None = setting(absolute_path, None)  # a journal directory (`journalctl -D`); None: the system's
+
+
+@dataclass(frozen=True)
+class ProbeTiming:
+    timeout: float = setting(positive_duration, 5.0)
+    interval: float = setting(positive_duration, 15.0)
+
+
+@dataclass(frozen=True)
+class Probe(ProbeTiming):
+    url: str = setting(url, "")
+
+
+@dataclass(frozen=True)
+class Stall:
+    gpu_memory_bytes: float = setting(parse_size, 1e9)
+    log_stale: float = setting(positive_duration, 600.0)
+
+
+@dataclass(frozen=True)
+class Defaults:
+    """What every server gets unless its own entry says otherwise."""
+
+    stall: Stall = Stall()
+    probe: ProbeTiming = ProbeTiming()
+
+
+@dataclass(frozen=True)
+class Discovery:
+    enabled: bool = setting(boolean, True)  # default: on when no servers are listed
+    interval: float = setting(positive_duration, 10.0)
+    # How long a discovered server whose process is gone stays (server_up 0 can still alert) before its
+    # threads and series are dropped; a configured server is never dropped.
+    forget_after: float = setting(positive_duration, 3600.0)
+
+
+@dataclass(frozen=True)
+class Web:
+    """The status pages at `/servers/<name>`."""
+
+    # Log lines and Python stacks can hold prompts and other users' data: shown over HTTP only when asked for.
+    show_evidence: bool = setting(boolean, False)
+    history_interval: float = setting(positive_duration, 10.0)  # between the samples the hour's plots are drawn from
+
+
+@dataclass(frozen=True)
+class CollectorSettings:
+    """A collector's config section; a collector with more keys subclasses it."""
+
+    enabled: bool = setting(boolean, True)
+
+
+@dataclass(frozen=True)
+class ServerSpec:
+    engine: str
+    name: str | None = None  # None: `<engine>-<port>` once the process is found
+    cmdline: re.Pattern[str] | None = None  # None: the engine's own matcher
+    logs: tuple[str, ...] = ()  # empty: the main process's stdout/stderr files
+    probes: tuple[Probe, ...] | None = None  # None: the engine's health URL from --host/--port
+    gpus: tuple[int, ...] | None = None  # None: auto, from NVML's process list
+    stall: Stall = Stall()
+    rules: tuple[Rule, ...] = ()  # extra log patterns, ahead of the engine's
+
+
+@dataclass(frozen=True)
+class Config:
+    servers: tuple[ServerSpec, ...] = ()
+    discovery: Discovery = Discovery()
+    defaults: Defaults = Defaults()
+    paths: Paths = Paths()
+    web: Web = Web()
+    collectors: Mapping[str, CollectorSettings] = field(default_factory=dict)  # by collector name
+    file: str = field(default="<defaults>", compare=False)
+
+    def collector(self, name: str, settings: type[S]) -> S:
+        """The section of collector `name`, or its defaults when the file has none."""
+        found = self.collectors.get(name)
+        return found if isinstance(found, settings) else settings()
+
+
+def _patterns(r: Reader, node: yaml.Node, path: str) -> tuple[Rule, ...]:
+    """`patterns: {<phase>: [regex...], events: {<event>: [regex...]}}`"""
+    keys = r.mapping(node, path, {*PHASES, "events"})
+    rules: list[Rule] = []
+    for key, value_node in keys.items():
+        if key == "events":
+            for event, list_node in r.mapping(value_node, f"{path}.events", set(EVENTS)).items():
+                rules += _rule_list(r, list_node, f"{path}.events.{event}", event=event)
+        else:
+            rules += _rule_list(r, value_node, f"{path}.{key}", phase=key)
+    return tuple(rules)
+
+
+def _rule_list(r: Reader, node: yaml.Node, path: str, **meaning: str) -> list[Rule]:
+    patterns = r.items(node, path, lambda n, p: r.scalar(n, p, log_regex))
+    return [Rule(pattern, **meaning) for pattern in patterns]
+
+
+def _server(r: Reader, node: yaml.Node, path: str, defaults: Defaults) -> ServerSpec:
+    keys = r.mapping(node, path, {"name", "engine", "match", "logs", "probes", "gpus", "stall", "patterns"})
+    if "engine" not in keys:
+        raise r.fail(node, f"{path}.engine", "missing; expected one of " + ", ".join(ENGINES))
+    engine = r.scalar(keys["engine"], f"{path}.engine", choice(tuple(ENGINES)))
+    cmdline = None
+    if "match" in keys:
+        match = r.mapping(keys["match"], f"{path}.match", {"cmdline"})
+        if "cmdline" in match:
+            cmdline = r.scalar(match["cmdline"], f"{path}.match.cmdline", command_regex)
+    if cmdline is None and ENGINES[engine].cmdline is None:
+        raise r.fail(node, f"{path}.match.cmdline", f"required for engine {engine!r}")
+    probe = Probe(**dataclasses.asdict(defaults.probe))
+    gpus = None
+    if "gpus" in keys and not isinstance(keys["gpus"], yaml.ScalarNode):
+        gpus = r.items(keys["gpus"], f"{path}.gpus", lambda n, p: r.scalar(n, p, gpu_index))
+    elif "gpus" in keys:
+        r.scalar(keys["gpus"], f"{path}.gpus", choice(("auto",)))
+    return ServerSpec(
+        engine=engine,
+        name=r.scalar(keys["name"], f"{path}.name", string) if "name" in keys else None,
+        cmdline=cmdline,
+        logs=r.items(keys["logs"], f"{path}.logs", lambda n, p: r.scalar(n, p, log_path)) if "logs" in keys else (),
+        probes=r.items(keys["probes"], f"{path}.probes", lambda n, p: r.struct(n, p, probe, required=("url",)))
+        if "probes" in keys
+        else None,
+        gpus=gpus,
+        stall=r.struct(keys.get("stall"), f"{path}.stall", defaults.stall),
+        rules=_patterns(r, keys["patterns"], f"{path}.patterns") if "patterns" in keys else (),
+    )
+
+
+def parse(text: str, sections: Mapping[str, type[CollectorSettings]], file: str = "<config>") -> Config:
+    """The config in `text`; `sections` maps each collector's name to its settings class (the CLI hands in
+    the registered collectors', so that this package needs none of them)."""
+    r = Reader(file)
+    root = compose(r, text)
+    keys = {} if root is None else r.mapping(root, "", {"servers", "discovery", "defaults", "paths", "web", *sections})
+    defaults = r.struct(keys.get("defaults"), "defaults", Defaults())
+
+    servers: list[ServerSpec] = []
+    names: dict[str, int] = {}
+    for i, item in enumerate(r.sequence(keys["servers"], "servers") if "servers" in keys else []):
+        spec = _server(r, item, f"servers[{i}]", defaults)
+        if spec.name is not None and spec.name in names:
+            raise r.fail(item, f"servers[{i}].name",
+                         f"duplicate server name {spec.name!r} (also servers[{names[spec.name]}])")
+        if spec.name is not None:
+            names[spec.name] = i
+        servers.append(spec)
+
+    return Config(
+        servers=tuple(servers),
+        discovery=r.struct(keys.get("discovery"), "discovery", Discovery(enabled=not servers)),
+        defaults=defaults,
+        paths=r.struct(keys.get("paths"), "paths", Paths()),
+        web=r.struct(keys.get("web"), "web", Web()),
+        collectors={name: r.struct(keys.get(name), name, settings()) for name, settings in sections.items()},
+        file=file,
+    )
+
+
+def load(path: str, sections: Mapping[str, type[CollectorSettings]]) -> Config:
+    return parse(read_text(path, "config file"), sections, file=path)

@@ -1,0 +1,98 @@
+"""The converters that check one YAML value for a config field (`yaml.setting`): each returns the value it
+accepts or raises ValueError with what was expected."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import urlsplit
+
+from stallwatch.config.units import parse_duration
+
+MAX_REGEX_CHARS = 4096
+
+
+def string(value: Any) -> str:
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"expected a non-empty string, got {value!r}")
+    try:
+        value.encode("utf-8")  # a `"\ud800"` escape gives a lone surrogate, which no label or path can carry
+    except UnicodeEncodeError:
+        raise ValueError(f"expected valid Unicode text, got {value!r}") from None
+    return value
+
+
+def log_path(value: Any) -> str:
+    text = string(value)
+    if "\0" in text:  # the OS refuses it at every open, which would stop every server's logs
+        raise ValueError(f"expected a path without NUL bytes, got {text!r}")
+    return text
+
+
+def boolean(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"expected true or false, got {value!r}")
+    return value
+
+
+def positive_duration(value: Any) -> float:
+    seconds = parse_duration(value)
+    if seconds <= 0:
+        raise ValueError(f"expected a duration above zero, got {value!r}")
+    return seconds
+
+
+def url(value: Any) -> str:
+    text = string(value)
+    if not re.match(r"https?://[^/\s]+", text):
+        raise ValueError(f"expected an http:// or https:// URL, got {text!r}")
+    port = urlsplit(text).port  # raises ValueError for a port that is not 0-65535: refused here, not in a probe
+    if port == 0 or not text.isascii():
+        raise ValueError(f"expected an ASCII URL with a port from 1 to 65535, got {text!r}")
+    return text
+
+
+def absolute_path(value: Any) -> str:
+    text = string(value)
+    if not text.startswith("/") or "\0" in text:
+        raise ValueError(f"expected an absolute path, got {text!r}")
+    return text
+
+
+def _compiled(text: str, pattern: str | bytes) -> re.Pattern[Any]:
+    if len(text) > MAX_REGEX_CHARS:
+        raise ValueError(f"regular expression longer than {MAX_REGEX_CHARS} characters")
+    try:
+        return re.compile(pattern, re.MULTILINE if isinstance(pattern, bytes) else 0)
+    # OverflowError: a repeat count too big; RecursionError: thousands of nested groups.
+    except (re.error, OverflowError, RecursionError, ValueError) as exc:
+        raise ValueError(f"invalid regular expression {text[:80]!r}: {exc}") from None
+
+
+def command_regex(value: Any) -> re.Pattern[str]:
+    """A pattern on command lines (text)."""
+    text = string(value)
+    return _compiled(text, text)
+
+
+def log_regex(value: Any) -> re.Pattern[bytes]:
+    """A pattern on log lines, which are bytes: compiled as the engines' rules are, so `(?u)` or `\\N{...}`,
+    valid as text only, are refused here rather than failing later."""
+    text = string(value)
+    return _compiled(text, text.encode())
+
+
+def choice(options: tuple[str, ...]) -> Callable[[Any], str]:
+    def convert(value: Any) -> str:
+        if value not in options:
+            raise ValueError(f"expected one of {', '.join(options)}, got {value!r}")
+        return value
+
+    return convert
+
+
+def gpu_index(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"expected a GPU index (0, 1, ...), got {value!r}")
+    return value

@@ -1,0 +1,162 @@
+"""What an engine is, as data: how to find its main process, its port and health URL, how to name its
+children, which log lines move the startup phase or count as events, and where its own figures are."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
+from typing import NamedTuple
+
+PHASES = (
+    "stopped",
+    "launching",
+    "loading_weights",
+    "allocating_memory",
+    "capturing_graphs",
+    "warming_up",
+    "serving",
+    "failed",
+)
+EVENTS = ("fatal", "nccl_timeout", "oom", "stall_warning", "server_restart")
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A log pattern (bytes regex, matched after ANSI codes are stripped) and what a match means."""
+
+    pattern: re.Pattern[bytes]
+    phase: str | None = None
+    event: str | None = None
+
+
+def rule(regex: str, phase: str | None = None, event: str | None = None) -> Rule:
+    if phase is not None and phase not in PHASES:
+        raise ValueError(f"unknown phase {phase!r}")
+    if event is not None and event not in EVENTS:
+        raise ValueError(f"unknown event {event!r}")
+    return Rule(re.compile(regex.encode(), re.MULTILINE), phase, event)
+
+
+# Lines printed by PyTorch, NCCL and Python itself, whatever engine runs on top of them.
+COMMON_RULES: tuple[Rule, ...] = (
+    rule(r"Watchdog caught collective operation timeout", event="nccl_timeout"),
+    rule(r"Heartbeat monitor timed out", event="nccl_timeout"),
+    rule(r"ProcessGroupNCCL's watchdog got stuck|This typically indicates a NCCL/CUDA API", event="nccl_timeout"),
+    rule(r"Exception \(either an error or timeout\) detected by watchdog", event="nccl_timeout"),
+    rule(r"CUDA out of memory|OutOfMemoryError", event="oom"),
+    rule(r"Traceback \(most recent call last\)", event="fatal"),
+    rule(r"terminate called after throwing an instance", event="fatal"),
+)
+
+# `Loading safetensors checkpoint shards:  50% Completed | 4/8 [...]` (SGLang and vLLM share the tqdm format).
+SAFETENSORS_SHARDS = re.compile(rb"Loading safetensors checkpoint shards:\s*\d+% Completed \| (\d+)/(\d+)")
+
+
+class Figures(NamedTuple):
+    """What an engine reports of its work, from its `/metrics` page or its stats lines."""
+
+    running: float
+    waiting: float
+    tokens: float  # generated tokens so far (a counter)
+    at: float  # when these figures were seen, seconds since the epoch
+
+
+@dataclass(frozen=True)
+class MetricsSpec:
+    """How the engine's own `/metrics` page feeds stallwatch's engine families: the sample names (as the text
+    format writes them, counters with `_total`) whose values are summed over every label set (ranks, `engine="N"`
+    labels), after taking the largest value over the labels in `same_over` (ranks that repeat one figure)."""
+
+    running: str
+    waiting: str
+    tokens: str
+    # Flags of which one must be on the command line for `/metrics` to be served; () when always served.
+    needs_flag: tuple[str, ...] = ()
+    path: str = "/metrics"
+    same_over: tuple[str, ...] = ()
+
+    def served(self, argv: Sequence[str]) -> bool:
+        return not self.needs_flag or any(arg in self.needs_flag for arg in argv)
+
+
+@dataclass(frozen=True)
+class StatsLine:
+    """The engine's periodic stats line: `anchor` is a literal every such line contains (found from the end of a
+    block with `rfind`), `pattern` matches the line with groups `running`, `waiting`, `throughput` (generated
+    tokens/s) and optionally `rank` (a DP engine's own line). `max_interval` caps the seconds one line's throughput
+    is integrated over (its averaging window: lines are not printed while idle)."""
+
+    anchor: bytes
+    pattern: re.Pattern[bytes]
+    max_interval: float = 10.0
+
+
+@dataclass(frozen=True)
+class Engine:
+    name: str
+    # Regex on the main process's full command line (argv joined by spaces); None: never auto-discovered.
+    cmdline: re.Pattern[str] | None
+    default_port: int | None
+    default_host: str = "127.0.0.1"
+    health_path: str = "/health"
+    # Regex with a `role` group on a child's command line (set by setproctitle), e.g. `sglang::scheduler_TP3`.
+    role_title: re.Pattern[str] | None = None
+    rules: tuple[Rule, ...] = ()
+    shards: re.Pattern[bytes] | None = None
+    # Whole lines, each preceded by its `\n`, that a busy server prints by the thousand and that can carry no
+    # event: skipped in bulk once serving, so the prefilter does not scan them byte by byte.
+    routine_lines: re.Pattern[bytes] | None = None
+    port_flags: tuple[str, ...] = ("--port",)
+    host_flags: tuple[str, ...] = ("--host",)
+    model_flags: tuple[str, ...] = ()
+    # The sub-command after which the model is the first positional argument (`vllm serve <model>`).
+    model_command: str | None = None
+    tp_flags: tuple[str, ...] = ()
+    metrics: MetricsSpec | None = None  # None: no `/metrics` page known
+    stats_lines: tuple[StatsLine, ...] = ()
+    # Lines an engine keeps printing while stuck (a wait loop's notice): not progress, so a log of nothing
+    # else does not move `log_last_progress` (see `heartbeats()`).
+    heartbeats: re.Pattern[bytes] | None = None
+
+    def all_rules(self) -> tuple[Rule, ...]:
+        return self.rules + COMMON_RULES
+
+    def with_rules(self, extra_rules: Iterable[Rule]) -> Engine:
+        """A copy whose configured rules take precedence over the built-in ones."""
+        return replace(self, rules=tuple(extra_rules) + self.rules)
+
+    def listen_address(self, argv: Sequence[str]) -> tuple[str, int | None]:
+        """Host and port that the server listens on, from its argv or the engine defaults."""
+        host = _flag_value(argv, self.host_flags) or self.default_host
+        port_text = _flag_value(argv, self.port_flags)
+        port = int(port_text) if port_text and port_text.isascii() and port_text.isdigit() else self.default_port
+        return host, port if port is not None and 0 < port < 65536 else self.default_port
+
+    def model(self, argv: Sequence[str]) -> str:
+        """The model the server was started with, from its flags or `<command> <model>`; "" when unknown."""
+        found = _flag_value(argv, self.model_flags)
+        if found is None and self.model_command in argv:
+            rest = argv[argv.index(self.model_command) + 1:]
+            found = rest[0] if rest and not rest[0].startswith("-") else None
+        return found or ""
+
+    def tensor_parallel(self, argv: Sequence[str]) -> str:
+        """Tensor-parallel size as given on the command line; "" when not given or not a number."""
+        found = _flag_value(argv, self.tp_flags) or ""
+        return found if found.isascii() and found.isdigit() else ""
+
+
+def heartbeats(*regexes: str) -> re.Pattern[bytes]:
+    """One pattern for the lines that are heartbeats, not progress."""
+    return re.compile("|".join(f"(?:{r})" for r in regexes).encode())
+
+
+def _flag_value(argv: Sequence[str], flags: Sequence[str]) -> str | None:
+    for i, arg in enumerate(argv):
+        for flag in flags:
+            if arg == flag and i + 1 < len(argv):
+                return argv[i + 1]
+            if arg.startswith(flag + "="):
+                return arg[len(flag) + 1 :]
+    return None
