@@ -17,8 +17,9 @@ import transcripts
 from harness import SIM_PKGS, Exporter, Scrape
 from sandbox import Pod, require_root
 from stallwatch.engines import ENGINES
-from stallwatch.enginestats import LogStats, MonotonicCounter, last_stats, parse_page
-from stallwatch.phase import PhaseTracker
+from stallwatch.enginestats import MonotonicCounter, parse_page
+from stallwatch.logs.interpret import LogInterpreter
+from stallwatch.logs.stats_lines import StatsLineIntegrator, last_stats
 from stallwatch.prober import fetch
 
 sys.path.insert(0, str(SIM_PKGS))
@@ -82,7 +83,7 @@ def test_last_stats_line_of_each_rank_read_back_from_the_end() -> None:
 
 
 def test_log_tokens_integrate_throughput_between_lines_capped_at_the_window() -> None:
-    stats = LogStats(ENGINES["vllm"].stats_lines)
+    stats = StatsLineIntegrator(ENGINES["vllm"].stats_lines)
     line = transcripts._vllm_stats("09:05:00", 4, 1, 100.0).encode()
     stats.feed(line, 1000.0)  # the first line covers its own window: 10 s
     stats.feed(line, 1005.0)
@@ -94,30 +95,30 @@ def test_log_tokens_integrate_throughput_between_lines_capped_at_the_window() ->
 
 def test_a_relaunch_keeps_the_log_tokens_and_drops_the_old_ranks() -> None:
     now = [1000.0]
-    tracker = PhaseTracker(ENGINES["vllm"], wall=lambda: now[0])
-    tracker.feed(transcripts.vllm_post_ready_hang(1).replace("0.0 tokens/s, Running", "50.0 tokens/s, Running")
+    interpreter = LogInterpreter(ENGINES["vllm"], wall=lambda: now[0])
+    interpreter.feed(transcripts.vllm_post_ready_hang(1).replace("0.0 tokens/s, Running", "50.0 tokens/s, Running")
                  .encode())
-    before = tracker.log_figures()
+    before = interpreter.figures()
     assert before is not None and before.running == 255 and before.tokens == 500.0
     now[0] = 1100.0
-    tracker.process_started(1099.0)
-    after = tracker.log_figures()
+    interpreter.process_started(1099.0)
+    after = interpreter.figures()
     assert after is not None and (after.running, after.tokens) == (0.0, 500.0)
 
 
 def test_heartbeats_do_not_move_last_progress() -> None:
     now = [1000.0]
-    tracker = PhaseTracker(ENGINES["tgi"], wall=lambda: now[0])
-    assert tracker.progress() is None
-    tracker.feed(transcripts.tgi_healthy().split("Waiting for shard")[0].rsplit("\n", 1)[0].encode() + b"\n")
-    assert tracker.progress() == 1000.0
+    interpreter = LogInterpreter(ENGINES["tgi"], wall=lambda: now[0])
+    assert interpreter.progress() is None
+    interpreter.feed(transcripts.tgi_healthy().split("Waiting for shard")[0].rsplit("\n", 1)[0].encode() + b"\n")
+    assert interpreter.progress() == 1000.0
     now[0] = 2200.0
-    tracker.feed(transcripts.tgi_shard_stuck(1200).split("rank=1\n", 2)[2].encode())
-    assert tracker.progress() == 1000.0  # 20 minutes of nothing but the wait loop's notice
-    tracker.feed(b"2026-11-20T09:20:05.170897Z  INFO shard-manager: text_generation_launcher: Shard ready in "
+    interpreter.feed(transcripts.tgi_shard_stuck(1200).split("rank=1\n", 2)[2].encode())
+    assert interpreter.progress() == 1000.0  # 20 minutes of nothing but the wait loop's notice
+    interpreter.feed(b"2026-11-20T09:20:05.170897Z  INFO shard-manager: text_generation_launcher: Shard ready in "
                  b"1201.2s rank=0\n")
-    assert tracker.progress() == 2200.0
-    vllm = PhaseTracker(ENGINES["vllm"], wall=lambda: now[0])
+    assert interpreter.progress() == 2200.0
+    vllm = LogInterpreter(ENGINES["vllm"], wall=lambda: now[0])
     vllm.feed(transcripts.vllm_shm_stall().split("No available shared")[0].rsplit("\n", 1)[0].encode() + b"\n")
     now[0] = 2500.0
     vllm.feed(transcripts.vllm_shm_stall().rsplit("\n", 4)[1].encode() + b"\n")

@@ -369,7 +369,7 @@ def _watcher_with_logs(tmp_path: Path, count: int) -> tuple[Watcher, list[Path]]
 def test_file_swapped_for_a_fifo_between_stat_and_open_does_not_block(tmp_path: Path) -> None:
     watcher, (path,) = _watcher_with_logs(tmp_path, 1)
     server = watcher.servers()[0]
-    follower = LogFile(server.name, server.log_sources[0], server.tracker)
+    follower = LogFile(server.name, server.log_sources[0], server.interpreter)
     before = os.stat(path)  # what the follower's stat saw
     path.unlink()
     os.mkfifo(path)  # ... and what is there when it opens: nobody ever writes it

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from stallwatch import journal
-from stallwatch.journal import JournalReader
+from stallwatch.logs import journal
+from stallwatch.logs.journal import JournalReader
 
 FAKE = str(Path(__file__).resolve().parent / "sim" / "bin" / "journalctl")
 UNIT = "sglang.service"

@@ -10,7 +10,7 @@ import tracemalloc
 
 import pytest
 
-from stallwatch.logformats import (
+from stallwatch.logs.formats import (
     MAX_PENDING_BYTES,
     MAX_RECORD_BYTES,
     CriDecoder,

@@ -44,7 +44,7 @@ def stats(m: LogManager, path: str | Path | None = None) -> LogStats:
 
 
 def phase(watcher: Watcher) -> str:
-    return watcher.servers()[0].tracker.snapshot().phase
+    return watcher.servers()[0].interpreter.snapshot().phase
 
 
 def append(path: Path, data: bytes) -> None:
@@ -170,7 +170,7 @@ def test_progress_bar_without_newline_is_activity(tmp_path: Path) -> None:
     m.poll()
     s = stats(m)
     assert s.lines == lines and s.last_growth == clock.now
-    snap = watcher.servers()[0].tracker.snapshot()
+    snap = watcher.servers()[0].interpreter.snapshot()
     assert (snap.shards_loaded, snap.shards_expected) == (3, 64)
 
 
@@ -212,7 +212,7 @@ def test_restart_recovers_phase_from_the_last_launch_without_counting_events(tmp
     os.utime(log, (mtime, mtime))
     m, watcher, _ = manager(log)
     m.poll()
-    phase_name, since, loaded, total, events = watcher.servers()[0].tracker.snapshot()
+    phase_name, since, loaded, total, events = watcher.servers()[0].interpreter.snapshot()
     assert phase_name == "serving" and (loaded, total) == (64, 64)
     assert sum(events.values()) == 0  # old lines are not new events
     assert since <= mtime

@@ -5,26 +5,26 @@ from __future__ import annotations
 import transcripts as t
 from stallwatch.engines import ENGINES
 from stallwatch.engines.base import rule
-from stallwatch.phase import PhaseTracker
+from stallwatch.logs.interpret import LogInterpreter
 
 
-def phases(engine: str, text: str, tracker: PhaseTracker | None = None) -> list[str]:
+def phases(engine: str, text: str, interpreter: LogInterpreter | None = None) -> list[str]:
     """The phase sequence, feeding one line (or one tqdm update) at a time."""
-    tracker = tracker or PhaseTracker(ENGINES[engine])
+    interpreter = interpreter or LogInterpreter(ENGINES[engine])
     seen: list[str] = []
     for line in text.encode().splitlines(keepends=True):
         for part in line.split(b"\r"):
-            tracker.feed(part + b"\n")
-            phase = tracker.snapshot().phase
+            interpreter.feed(part + b"\n")
+            phase = interpreter.snapshot().phase
             if not seen or seen[-1] != phase:
                 seen.append(phase)
     return seen[1:] if seen[0] == "stopped" else seen
 
 
-def run(engine: str, text: str) -> PhaseTracker:
-    tracker = PhaseTracker(ENGINES[engine])
-    tracker.feed(text.encode())
-    return tracker
+def run(engine: str, text: str) -> LogInterpreter:
+    interpreter = LogInterpreter(ENGINES[engine])
+    interpreter.feed(text.encode())
+    return interpreter
 
 
 def test_sglang_eagle3_healthy_startup() -> None:
@@ -36,18 +36,18 @@ def test_sglang_eagle3_healthy_startup() -> None:
 
 
 def test_sglang_stall_after_last_shard() -> None:
-    tracker = run("sglang", t.sglang_until_shards(tp=8, shards=64))
-    phase, _, loaded, total, events = tracker.snapshot()
+    interpreter = run("sglang", t.sglang_until_shards(tp=8, shards=64))
+    phase, _, loaded, total, events = interpreter.snapshot()
     assert (phase, loaded, total) == ("loading_weights", 64, 64)
     assert sum(events.values()) == 0
 
 
 def test_sglang_shard_progress_is_followed() -> None:
-    tracker = PhaseTracker(ENGINES["sglang"])
+    interpreter = LogInterpreter(ENGINES["sglang"])
     text = t.sglang_until_shards(tp=2, shards=8).encode()
     cut = text.index(b"| 4/8") + 10
-    tracker.feed(text[: text.rfind(b"\r", 0, cut)])
-    snap = tracker.snapshot()
+    interpreter.feed(text[: text.rfind(b"\r", 0, cut)])
+    snap = interpreter.snapshot()
     assert (snap.shards_loaded, snap.shards_expected) == (3, 8)
 
 
@@ -68,34 +68,34 @@ def test_sglang_older_wording() -> None:
 
 
 def test_sglang_crash_during_graph_capture() -> None:
-    tracker = run("sglang", t.sglang_graph_crash())
-    phase, _, _, _, events = tracker.snapshot()
+    interpreter = run("sglang", t.sglang_graph_crash())
+    phase, _, _, _, events = interpreter.snapshot()
     assert phase == "failed"
     assert events["fatal"] == 3  # scheduler exception, capture failure, the launcher's sigquit notice
     assert events["oom"] == 1
-    tracker.process_gone()
-    assert tracker.snapshot().phase == "failed"
+    interpreter.process_gone()
+    assert interpreter.snapshot().phase == "failed"
 
 
 def test_sglang_nccl_watchdog_timeout() -> None:
-    tracker = run("sglang", t.sglang_nccl_timeout())
-    phase, _, _, _, events = tracker.snapshot()
+    interpreter = run("sglang", t.sglang_nccl_timeout())
+    phase, _, _, _, events = interpreter.snapshot()
     assert phase == "serving"
     assert events["nccl_timeout"] == 2 and events["fatal"] == 1
-    tracker.process_gone()  # the C++ abort took the process down
-    assert tracker.snapshot().phase == "failed"
+    interpreter.process_gone()  # the C++ abort took the process down
+    assert interpreter.snapshot().phase == "failed"
 
 
 def test_sglang_serving_then_idle_stays_serving() -> None:
-    tracker = run("sglang", t.sglang_healthy() + "".join(t.sglang_decode(100)))
-    assert tracker.snapshot().phase == "serving"
-    tracker.feed(b"[2026-11-20 09:20:57] Load weight begin. avail mem=1.00 GB\n")  # e.g. a weight update
-    assert tracker.snapshot().phase == "serving"
+    interpreter = run("sglang", t.sglang_healthy() + "".join(t.sglang_decode(100)))
+    assert interpreter.snapshot().phase == "serving"
+    interpreter.feed(b"[2026-11-20 09:20:57] Load weight begin. avail mem=1.00 GB\n")  # e.g. a weight update
+    assert interpreter.snapshot().phase == "serving"
 
 
 def test_relaunch_in_same_log_counts_restart_and_resets_shards() -> None:
-    tracker = run("sglang", t.sglang_graph_crash(tp=2) + t.sglang_until_shards(tp=2, shards=4)[:400])
-    phase, _, loaded, _, events = tracker.snapshot()
+    interpreter = run("sglang", t.sglang_graph_crash(tp=2) + t.sglang_until_shards(tp=2, shards=4)[:400])
+    phase, _, loaded, _, events = interpreter.snapshot()
     assert phase in ("launching", "loading_weights") and loaded is None
     assert events["server_restart"] == 1
 
@@ -110,9 +110,9 @@ def test_vllm_0_33_healthy_startup() -> None:
 
 
 def test_vllm_shared_memory_stall_warning_repeats() -> None:
-    tracker = run("vllm", t.vllm_shm_stall(repeats=3))
-    assert tracker.snapshot().phase == "serving"
-    assert tracker.snapshot().events["stall_warning"] == 3
+    interpreter = run("vllm", t.vllm_shm_stall(repeats=3))
+    assert interpreter.snapshot().phase == "serving"
+    assert interpreter.snapshot().events["stall_warning"] == 3
 
 
 def test_vllm_0_11_prefix_with_ansi_colours() -> None:
@@ -129,16 +129,16 @@ def test_vllm_engine_core_failure() -> None:
         "(EngineCore pid=525790) ERROR 11-20 09:00:30 [core.py:1584] EngineCore failed to start.\n"
         "(EngineCore pid=525790) ERROR 11-20 09:00:30 [core.py:1584] Traceback (most recent call last):\n"
         "(EngineCore pid=525790) ERROR 11-20 09:00:30 [core.py:1584] torch.OutOfMemoryError: CUDA out of memory.\n")
-    tracker = run("vllm", text)
-    phase, _, _, _, events = tracker.snapshot()
+    interpreter = run("vllm", text)
+    phase, _, _, _, events = interpreter.snapshot()
     assert phase == "failed" and events["fatal"] == 2 and events["oom"] == 1
 
 
 def test_tgi_startup_and_shard_crash() -> None:
     assert phases("tgi", t.tgi_healthy()) == ["launching", "loading_weights", "warming_up", "capturing_graphs",
                                               "warming_up", "serving"]
-    tracker = run("tgi", t.tgi_shard_crash())
-    assert tracker.snapshot().phase == "failed" and tracker.snapshot().events["fatal"] == 2
+    interpreter = run("tgi", t.tgi_shard_crash())
+    assert interpreter.snapshot().phase == "failed" and interpreter.snapshot().events["fatal"] == 2
 
 
 def test_llamacpp_startup_and_load_error() -> None:
@@ -152,47 +152,47 @@ def test_generic_engine_rules_from_config() -> None:
                                             rule("weights ready", phase="warming_up"),
                                             rule("accepting requests", phase="serving"),
                                             rule("PANIC:", event="fatal")])
-    tracker = PhaseTracker(engine)
-    tracker.feed(b"booting my-server v2\nweights ready\naccepting requests\nPANIC: disk full\n")
-    assert tracker.snapshot().phase == "serving" and tracker.snapshot().events["fatal"] == 1
+    interpreter = LogInterpreter(engine)
+    interpreter.feed(b"booting my-server v2\nweights ready\naccepting requests\nPANIC: disk full\n")
+    assert interpreter.snapshot().phase == "serving" and interpreter.snapshot().events["fatal"] == 1
 
 
 def test_probe_success_means_serving_and_process_gone_means_stopped() -> None:
     clock = iter(range(100, 200))
-    tracker = PhaseTracker(ENGINES["llamacpp"], wall=lambda: float(next(clock)))
-    tracker.process_started(create_time=99.0)
-    assert tracker.snapshot().phase == "launching"
-    tracker.probe_succeeded(at=50.0)  # older than the launch: does not count
-    assert tracker.snapshot().phase == "launching"
-    tracker.probe_succeeded(at=150.0)
-    assert tracker.snapshot().phase == "serving"
-    tracker.process_gone()
-    assert tracker.snapshot().phase == "stopped"
-    tracker.process_started(create_time=170.0)
-    assert tracker.snapshot().phase == "launching" and tracker.snapshot().events["server_restart"] == 1
+    interpreter = LogInterpreter(ENGINES["llamacpp"], wall=lambda: float(next(clock)))
+    interpreter.process_started(create_time=99.0)
+    assert interpreter.snapshot().phase == "launching"
+    interpreter.probe_succeeded(at=50.0)  # older than the launch: does not count
+    assert interpreter.snapshot().phase == "launching"
+    interpreter.probe_succeeded(at=150.0)
+    assert interpreter.snapshot().phase == "serving"
+    interpreter.process_gone()
+    assert interpreter.snapshot().phase == "stopped"
+    interpreter.process_started(create_time=170.0)
+    assert interpreter.snapshot().phase == "launching" and interpreter.snapshot().events["server_restart"] == 1
 
 
 def test_events_counted_once_per_line() -> None:
-    tracker = run("sglang", "[2026-11-20 09:19:52 TP3] Scheduler hit an exception: Traceback (most recent "
+    interpreter = run("sglang", "[2026-11-20 09:19:52 TP3] Scheduler hit an exception: Traceback (most recent "
                   "call last): Traceback (most recent call last)\n")
-    assert tracker.snapshot().events["fatal"] == 1
+    assert interpreter.snapshot().events["fatal"] == 1
 
 
 def test_rule_without_literal_still_matches() -> None:
     engine = ENGINES["generic"].with_rules([rule(r"^\d{3} ready$", phase="serving"),
                                             rule(r"(?i)panic:", event="fatal")])
-    tracker = PhaseTracker(engine)
-    tracker.feed(b"noise\n200 ready\nPanic: disk full\n")
-    assert tracker.snapshot().phase == "serving"
-    assert tracker.snapshot().events["fatal"] == 1
+    interpreter = LogInterpreter(engine)
+    interpreter.feed(b"noise\n200 ready\nPanic: disk full\n")
+    assert interpreter.snapshot().phase == "serving"
+    assert interpreter.snapshot().events["fatal"] == 1
 
 
 def test_routine_lines_are_skipped_once_serving_but_never_hide_an_event() -> None:
-    tracker = run("sglang", t.sglang_healthy(tp=1))
-    assert tracker.snapshot().phase == "serving"
+    interpreter = run("sglang", t.sglang_healthy(tp=1))
+    assert interpreter.snapshot().phase == "serving"
     decode = list(t.sglang_decode(3))
-    tracker.feed("".join([*decode, "[broken line without a bracket\n", *decode,
+    interpreter.feed("".join([*decode, "[broken line without a bracket\n", *decode,
                           "[2026-11-20 10:00:09 TP0] Scheduler hit an exception: Traceback (most recent call last):\n",
                           *decode]).encode())
-    snap = tracker.snapshot()
+    snap = interpreter.snapshot()
     assert snap.phase == "failed" and snap.events["fatal"] == 1

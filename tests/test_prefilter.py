@@ -9,7 +9,7 @@ import pytest
 
 from stallwatch.engines import ENGINES
 from stallwatch.engines.base import SAFETENSORS_SHARDS, rule
-from stallwatch.prefilter import SHARDS, compile_rules, required_literals, strip_groups
+from stallwatch.logs.prefilter import SHARDS, compile_rules, required_literals, strip_groups
 
 
 @pytest.mark.parametrize(("pattern", "literals"), [

@@ -27,7 +27,7 @@ from stallwatch.collectors.base import Context
 from stallwatch.config import Config
 from stallwatch.config.web import WebConfig
 from stallwatch.history import History, Point
-from stallwatch.logtail import MAX_LINE_BYTES, LogTail
+from stallwatch.logs.tail import MAX_LINE_BYTES, LogTail
 from stallwatch.servers import ProcessKey
 from stallwatch.status import WINDOW_SECONDS, StatusPages, window_start
 from stallwatch.statuspage import series
@@ -285,7 +285,7 @@ def test_log_tail_of_a_100_mb_line_without_newline_stays_small() -> None:
 
 def _server(name: str, tree: list) -> SimpleNamespace:
     return SimpleNamespace(name=name, spec=SimpleNamespace(gpus=None), tree=lambda: tree,
-                           tracker=SimpleNamespace(log_figures=lambda: None))
+                           interpreter=SimpleNamespace(log_figures=lambda: None))
 
 
 def test_history_ring_is_bounded_and_forgets_gone_servers() -> None:

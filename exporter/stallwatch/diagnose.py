@@ -245,7 +245,7 @@ def _tokens(server: Server, config: Config) -> tuple[str, float, float] | None:
     page = read_page(server, timeout)
     if page.figures is not None:
         return "metrics", page.figures[2], time.time()
-    figures = server.tracker.log_figures()
+    figures = server.interpreter.figures()
     return None if figures is None else ("log", figures.tokens, figures.at)
 
 
@@ -273,7 +273,7 @@ def _observe(server: Server, config: Config, before: _Before, window: float) -> 
 
 def assemble(server: Server, seen: Observation) -> ServerReport:
     """The report on `server` from what was seen of it, with the verdict."""
-    events = {event: count for event, count in sorted(server.tracker.snapshot().events.items()) if count}
+    events = {event: count for event, count in sorted(server.interpreter.snapshot().events.items()) if count}
     report = ServerReport(
         name=server.name, identity=_identity(server), phase=_phase(server), gpu=seen.gpu, window_seconds=seen.window,
         processes=seen.processes, stacks=seen.stacks, port=seen.port, engine_figures=seen.engine,
@@ -290,13 +290,13 @@ def _identity(server: Server) -> Identity:
 
 
 def _phase(server: Server) -> PhaseInfo:
-    snap = server.tracker.snapshot()
+    snap = server.interpreter.snapshot()
     now = time.time()
-    progress = server.tracker.progress()
+    progress = server.interpreter.progress()
     return PhaseInfo(
         phase=snap.phase, since=snap.since, seconds=max(0.0, now - snap.since),
         quiet_seconds=max(0.0, now - (progress if progress is not None else snap.since)),
-        timeline=list(server.tracker.timeline),
+        timeline=server.interpreter.timeline(),
         timeline_note="phases of the current launch in order, from the log replay; their times are not in the log "
                       "tail (the exporter's state timeline panel has them)",
         shards_loaded=snap.shards_loaded, shards_expected=snap.shards_expected)
@@ -364,7 +364,7 @@ def _port(server: Server, config: Config) -> PortInfo:
             probes.append(ProbeInfo(target.probe.url, None, 0, why, 0.0))
             continue
         if result.success:
-            server.tracker.probe_succeeded(time.time())
+            server.interpreter.probe_succeeded(time.time())
         probes.append(ProbeInfo(target.probe.url, result.success, result.status, result.reason or "",
                                 result.duration))
     listening = None if server.listening is None else bool(server.listening)
@@ -378,7 +378,7 @@ def _engine(server: Server, config: Config, before: tuple[str, float, float] | N
         running, waiting, tokens = page.figures
         made = tokens - before[1] if before is not None and before[0] == "metrics" else None
         return EngineInfo("metrics", running, waiting, tokens, made, "")
-    figures = server.tracker.log_figures()
+    figures = server.interpreter.figures()
     if figures is None:
         return EngineInfo("", None, None, None, None, page.error)
     # From stats lines: measured only when a new line came in the window (an idle engine prints none).

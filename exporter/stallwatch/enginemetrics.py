@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 from urllib.parse import urlsplit
 
-from stallwatch.enginestats import Figures, MonotonicCounter, parse_page
+from stallwatch.engines.base import Figures
+from stallwatch.enginestats import MonotonicCounter, parse_page
 from stallwatch.prober import fetch
 from stallwatch.servers import Server
 

@@ -10,21 +10,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
-from typing import NamedTuple
+from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from stallwatch.engines.base import MetricsSpec, StatsLine
+from stallwatch.engines.base import MetricsSpec
 
 MAX_STATS_LINES = 64  # per block, read back from its end: the last line of each rank
-
-
-class Figures(NamedTuple):
-    running: float
-    waiting: float
-    tokens: float  # generated tokens so far (a counter)
-    at: float  # when these figures were seen, seconds since the epoch
 
 
 # -- the /metrics page --------------------------------------------------------------------------------------------
@@ -89,78 +81,3 @@ class MonotonicCounter:
             self.offset += self.last
         self.last, self.launch = value, launch
         return self.offset + value
-
-
-# -- the stats log lines ------------------------------------------------------------------------------------------
-
-
-def _line_bounds(block: bytes, at: int) -> tuple[int, int]:
-    start = max(block.rfind(b"\n", 0, at), block.rfind(b"\r", 0, at)) + 1
-    ends = [e for e in (block.find(b"\n", at), block.find(b"\r", at)) if e >= 0]
-    return start, min(ends) if ends else len(block)
-
-
-def last_stats(block: bytes, line: StatsLine) -> dict[bytes, tuple[int, int, float]]:
-    """The last stats line of each rank in `block`, read back from its end (a busy SGLang block holds thousands
-    of `Decode batch` lines: only the last ones are parsed): rank -> (running, waiting, throughput)."""
-    out: dict[bytes, tuple[int, int, float]] = {}
-    pos = len(block)
-    for _ in range(MAX_STATS_LINES):
-        at = block.rfind(line.anchor, 0, pos)
-        if at < 0:
-            break
-        start, end = _line_bounds(block, at)
-        pos = start
-        match = line.pattern.search(block, start, end)
-        if match is None:
-            continue
-        rank = match.group("rank") if "rank" in line.pattern.groupindex else None
-        key = rank.lstrip(b"0") if rank else b""
-        if key in out:
-            break  # every rank seen since: what is further back is older
-        out[key] = (int(match.group("running")), int(match.group("waiting")), float(match.group("throughput")))
-    return out
-
-
-@dataclass
-class _Rank:
-    running: int
-    waiting: int
-    at: float
-
-
-@dataclass
-class LogStats:
-    """Last seen figures of each rank from the stats lines, and tokens integrated from their throughput."""
-
-    lines: tuple[StatsLine, ...]
-    ranks: dict[bytes, _Rank] = field(default_factory=dict)
-    tokens: float = 0.0
-    at: float | None = None
-
-    def read(self, block: bytes) -> list[tuple[StatsLine, dict[bytes, tuple[int, int, float]]]]:
-        """The last stats line of each rank in `block`, for `apply` (after the block's launch lines are seen)."""
-        return [(line, found) for line in self.lines if (found := last_stats(block, line))]
-
-    def apply(self, found: list[tuple[StatsLine, dict[bytes, tuple[int, int, float]]]], now: float) -> None:
-        for line, ranks in found:
-            for rank, (running, waiting, throughput) in ranks.items():
-                previous = self.ranks.get(rank)
-                interval = line.max_interval if previous is None else min(now - previous.at, line.max_interval)
-                self.tokens += throughput * max(interval, 0.0)
-                self.ranks[rank] = _Rank(running, waiting, now)
-                self.at = now
-
-    def feed(self, block: bytes, now: float) -> None:
-        self.apply(self.read(block), now)
-
-    def relaunched(self) -> None:
-        """A new launch: its ranks start with nothing running; the tokens counted so far stay."""
-        self.ranks.clear()
-
-    def figures(self) -> Figures | None:
-        if self.at is None:
-            return None
-        ranks = self.ranks.values()
-        return Figures(float(sum(r.running for r in ranks)), float(sum(r.waiting for r in ranks)), self.tokens,
-                       self.at)

@@ -125,7 +125,7 @@ def _point(server: Server, now: float, devices: list[Device] | None, lines: dict
         memory = sum(b for _, b in held)
         busy = [d.utilization for d, _ in held if d.utilization is not None]
         utilization = max(busy) if busy else None
-    figures = server.tracker.log_figures()
+    figures = server.interpreter.figures()
     engine_tokens = ("metrics", tokens[server.name]) if server.name in tokens else (
         ("log", figures.tokens) if figures is not None else None)
     return Point(

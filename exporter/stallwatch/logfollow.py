@@ -1,5 +1,5 @@
 """Following log files: bytes, lines and growth time per file, and complete lines handed to the server's
-phase tracker. Survives rotation (rename or copytruncate), deletion, re-pointed symlinks, files that appear
+phase interpreter. Survives rotation (rename or copytruncate), deletion, re-pointed symlinks, files that appear
 late, binary bytes and endless lines. inotify (watchdog) wakes the follower at once; polling is the floor,
 so network filesystems without events still work."""
 
@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers import Observer
 
-from stallwatch.journal import JournalReader
-from stallwatch.logformats import decoder_for
-from stallwatch.phase import PhaseTracker
+from stallwatch.logs.formats import decoder_for
+from stallwatch.logs.interpret import LogInterpreter
+from stallwatch.logs.journal import JournalReader
 from stallwatch.servers import Watcher
 from stallwatch.workload import LogSource
 
@@ -48,8 +48,8 @@ class LogStats:
 class _Log:
     """What every kind of log reports: readability, bytes and lines of the engine's output, when it last grew."""
 
-    def __init__(self, server: str, source: LogSource, tracker: PhaseTracker) -> None:
-        self.server, self.path, self.tracker, self.source = server, source.path, tracker, source
+    def __init__(self, server: str, source: LogSource, interpreter: LogInterpreter) -> None:
+        self.server, self.path, self.interpreter, self.source = server, source.path, interpreter, source
         self._error: str | None = None
         self.up = False
         self.size: int | None = None
@@ -87,9 +87,9 @@ class JournalLog(_Log):
     """A server's journal entries (a systemd unit, or Docker's journald driver) since its launch. Entries from
     before the exporter started replay the phase without counting as events, as a recovered file does."""
 
-    def __init__(self, server: str, source: LogSource, tracker: PhaseTracker, since: float, started: float,
+    def __init__(self, server: str, source: LogSource, interpreter: LogInterpreter, since: float, started: float,
                  directory: str | None) -> None:
-        super().__init__(server, source, tracker)
+        super().__init__(server, source, interpreter)
         self._started = started
         self._reader = JournalReader(source.journal_match, since, directory=directory)
 
@@ -105,11 +105,11 @@ class JournalLog(_Log):
             if new:
                 self.read_bytes += len(data)
                 self.lines += len(block)
-            self.tracker.feed(data, count_events=new)
+            self.interpreter.feed(data, count_events=new)
         if entries:
             self.last_growth = max(self.last_growth or 0.0, entries[-1][0])
             if self.last_growth < self._started:
-                self.tracker.recovered(self.last_growth)
+                self.interpreter.recovered(self.last_growth)
 
     def close(self) -> None:
         self._reader.close()
@@ -117,11 +117,11 @@ class JournalLog(_Log):
 
 class LogFile(_Log):
     """One log file of a server, read from `source.open_path` through the decoder of its format, so that the
-    tracker, bytes and lines see the engine's own output without the runtime's framing."""
+    interpreter, bytes and lines see the engine's own output without the runtime's framing."""
 
-    def __init__(self, server: str, source: LogSource, tracker: PhaseTracker, wall: Callable[[], float] = time.time,
-                 recover: bool = True, recover_events: bool = False) -> None:
-        super().__init__(server, source, tracker)
+    def __init__(self, server: str, source: LogSource, interpreter: LogInterpreter,
+                 wall: Callable[[], float] = time.time, recover: bool = True, recover_events: bool = False) -> None:
+        super().__init__(server, source, interpreter)
         self._wall = wall
         self._decoder = decoder_for(source.format)
         self._recover = recover
@@ -181,7 +181,7 @@ class LogFile(_Log):
             self._recover = False
             self._replay_tail(fd, os.fstat(fd).st_size)
             self.last_growth = st.st_mtime
-            self.tracker.recovered(st.st_mtime)
+            self.interpreter.recovered(st.st_mtime)
 
     def _replay_tail(self, fd: int, size: int) -> None:
         """Replay an existing file from the window (at most a chunk) that holds its last launch marker. Its
@@ -192,7 +192,7 @@ class LogFile(_Log):
         while end > floor:
             begin = max(floor, end - CHUNK_BYTES)
             window = os.pread(fd, end - begin + 4096, begin)  # overlap: a marker across two chunks
-            if self.tracker.matcher.launch.search(decoder_for(self.source.format).decode(window)):
+            if self.interpreter.has_launch(decoder_for(self.source.format).decode(window)):
                 start = begin if begin == floor else begin + window.find(b"\n") + 1  # from a whole record
                 break
             end = begin
@@ -225,7 +225,7 @@ class LogFile(_Log):
         return True
 
     def _consume(self, data: bytes, count: bool) -> None:
-        """Hand complete lines (ended by \\n, or \\r for progress bars) to the tracker; keep the rest."""
+        """Hand complete lines (ended by \\n, or \\r for progress bars) to the interpreter; keep the rest."""
         cut = max(data.rfind(b"\n"), data.rfind(b"\r"))
         if cut < 0:
             self._keep(data)
@@ -233,7 +233,7 @@ class LogFile(_Log):
         head = bytes(self._partial) + data[: cut + 1] if self._partial else data[: cut + 1]
         self._partial.clear()
         self._overlong = False
-        self.tracker.feed(head, count_events=count)
+        self.interpreter.feed(head, count_events=count)
         self._keep(data[cut + 1 :])
 
     def _keep(self, rest: bytes) -> None:
@@ -247,7 +247,7 @@ class LogFile(_Log):
 
     def _flush_partial(self, count: bool = True) -> None:
         if self._partial:
-            self.tracker.feed(bytes(self._partial) + b"\n", count_events=count)
+            self.interpreter.feed(bytes(self._partial) + b"\n", count_events=count)
             self._partial.clear()
 
     def close(self) -> None:
@@ -353,13 +353,13 @@ class LogManager:
                     continue
                 launch = server.main_key.create_time if server.main_key is not None else self._wall()
                 if source.format == "journal":
-                    self._files[key] = JournalLog(server.name, source, server.tracker, launch, self._started,
+                    self._files[key] = JournalLog(server.name, source, server.interpreter, launch, self._started,
                                                   self.watcher.config.paths.journal)
                     continue
                 # Replayed lines are new events only when the process started after us; psutil's create_time
                 # rests on a boot time in whole seconds: allow for that.
                 launched_since = self._replay_events or (server.main_key is not None and launch >= self._started - 2.0)
-                self._files[key] = LogFile(server.name, source, server.tracker, self._wall,
+                self._files[key] = LogFile(server.name, source, server.interpreter, self._wall,
                                            recover=os.path.exists(source.open_path), recover_events=launched_since)
             files = list(self._files.values())
         for f in files:

@@ -143,7 +143,7 @@ class _Loop:
                 else:
                     self.state.failures[result.reason or "error" if result else "unreachable"] += 1
             if result is not None and result.success:  # dated when it answered, not at the next scrape
-                self.server.tracker.probe_succeeded(now)
+                self.server.interpreter.probe_succeeded(now)
             if self.stop.wait(spec.interval):
                 return
 

@@ -23,8 +23,8 @@ from stallwatch import netns
 from stallwatch.config import Config, Probe, ServerSpec
 from stallwatch.engines import ENGINES
 from stallwatch.engines.base import Engine
-from stallwatch.logtail import LogTail
-from stallwatch.phase import PhaseTracker
+from stallwatch.logs.interpret import LogInterpreter
+from stallwatch.logs.tail import LogTail
 from stallwatch.proctree import CpuLedger, ProcSample, sample
 from stallwatch.text import printable
 from stallwatch.workload import LogSource, Workload, locate, log_sources
@@ -79,10 +79,9 @@ class Server:
         self._tree: tuple[float, list[ProcSample]] = (float("-inf"), [])
         self.probes: tuple[ProbeTarget, ...] = tuple(ProbeTarget(p) for p in spec.probes or ())
         self.log_sources: tuple[LogSource, ...] = tuple(LogSource(p, p) for p in spec.logs)
-        self.tracker = PhaseTracker(self.engine)
         # Kept from the first line read (a tap set later would miss the replayed start), only where it is shown.
         self.tail = LogTail() if config.web.show_evidence else None
-        self.tracker.tap = self.tail
+        self.interpreter = LogInterpreter(self.engine, tap=self.tail)
 
     @property
     def port(self) -> int | None:
@@ -116,7 +115,7 @@ class Server:
                 self.probes = self._derived_probes()
             if not self.spec.logs:
                 self.log_sources = log_sources(self._config.paths, candidate.pid, workload)
-        self.tracker.process_started(candidate.create_time)
+        self.interpreter.process_started(candidate.create_time)
         return True
 
     def refresh_network(self) -> bool:
@@ -358,7 +357,7 @@ class Watcher:
         """A main process that is gone ends its phase now, not at the next scrape or discovery pass."""
         for server in self.servers():
             if server.main is not None and not server.is_running():
-                server.tracker.process_gone()
+                server.interpreter.process_gone()
 
     def start(self) -> None:
         self.refresh(notify=True)

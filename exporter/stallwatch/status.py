@@ -24,7 +24,7 @@ from stallwatch.diagnose import (
     StackGroup,
 )
 from stallwatch.enginemetrics import EngineMetricsManager
-from stallwatch.enginestats import Figures
+from stallwatch.engines.base import Figures
 from stallwatch.history import History, Point
 from stallwatch.nvml import Nvml
 from stallwatch.prober import ProbeManager
@@ -112,7 +112,7 @@ class StatusPages:
         error = state.error if state is not None else ""
         if state is not None and state.figures is not None:
             return "metrics", state.figures, error
-        return "log", server.tracker.log_figures(), error
+        return "log", server.interpreter.figures(), error
 
     @staticmethod
     def _engine(found: tuple[str, Figures | None, str], start: Point | None) -> EngineInfo:

@@ -1,4 +1,4 @@
-"""Decoding speed of stallwatch.logformats on 1,000,000 SGLang decode lines, per runtime framing.
+"""Decoding speed of stallwatch.logs.formats on 1,000,000 SGLang decode lines, per runtime framing.
 
 Each framing of the same engine output is fed in 1 MiB reads cut at arbitrary bytes, as the follower reads a file;
 the decoded bytes are checked against the engine's output before the figure is printed.
@@ -18,7 +18,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import transcripts
-from stallwatch.logformats import CriDecoder, Decoder, DockerJsonDecoder
+from stallwatch.logs.formats import CriDecoder, Decoder, DockerJsonDecoder
 
 READ_BYTES = 1 << 20  # the follower's read size (stallwatch.logfollow CHUNK_BYTES)
 

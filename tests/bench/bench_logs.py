@@ -68,7 +68,7 @@ def ingest(path: Path, fmt: str = "plain", text_size: int | None = None) -> tupl
         if stats and stats[0].read_bytes >= size:
             break
     elapsed = time.perf_counter() - start
-    return elapsed, stats[0].lines, watcher.servers()[0].tracker.snapshot().phase
+    return elapsed, stats[0].lines, watcher.servers()[0].interpreter.snapshot().phase
 
 
 def main() -> None:

@@ -14,7 +14,7 @@ from stallwatch.config import CollectorSettings
 from stallwatch.config.reader import setting
 from stallwatch.config.values import positive_duration
 from stallwatch.enginemetrics import EngineMetricsManager
-from stallwatch.enginestats import Figures
+from stallwatch.engines.base import Figures
 from stallwatch.metrics import family
 from stallwatch.servers import Watcher
 
@@ -35,7 +35,7 @@ class EngineMetricsCollector:
             if state.figures is not None:
                 _add(families, [state.server, "metrics"], state.figures)
         for server in self.watcher.servers():
-            figures = server.tracker.log_figures()
+            figures = server.interpreter.figures()
             if figures is not None:
                 _add(families, [server.name, "log"], figures)
         yield from (*families, up)

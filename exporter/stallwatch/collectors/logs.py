@@ -39,9 +39,9 @@ class LogsCollector:
                 age.add_metric(labels, max(0.0, now - stats.last_growth))
         events, progress = family("log_events_total"), family("log_last_progress_timestamp_seconds")
         for server in self.watcher.servers():
-            for event, count in sorted(server.tracker.snapshot().events.items()):
+            for event, count in sorted(server.interpreter.snapshot().events.items()):
                 events.add_metric([server.name, event], float(count))
-            last_progress = server.tracker.progress()
+            last_progress = server.interpreter.progress()
             if last_progress is not None:
                 progress.add_metric([server.name], last_progress)
         yield from (up, size, read, lines, last, age, events, progress)

@@ -21,7 +21,7 @@ class PhaseCollector:
         phase_family, since_family = family("startup_phase"), family("startup_phase_start_timestamp_seconds")
         loaded, expected = family("weight_shards_loaded"), family("weight_shards_expected")
         for server in self.watcher.servers():
-            now = server.tracker.snapshot()
+            now = server.interpreter.snapshot()
             for name in PHASES:
                 phase_family.add_metric([server.name, name], 1.0 if name == now.phase else 0.0)
             since_family.add_metric([server.name], now.since)

@@ -1,7 +1,8 @@
-"""Startup phase and notable events of one server, driven by its log lines and by its process and probes.
+"""What one server's log says, with its process and probes: the startup phase, notable events, the last line
+that was progress, and the figures of the engine's stats lines.
 
-Log blocks are scanned with the engine's prefilter (`stallwatch.prefilter`). Once a server is serving, only
-launch, failure and event rules stay in it: a busy server's `Decode batch` lines then cost one scan.
+Log blocks are scanned with the engine's prefilter (`logs.prefilter`). Once a server is serving, only launch,
+failure and event rules stay in it: a busy server's `Decode batch` lines then cost one scan.
 """
 
 from __future__ import annotations
@@ -13,11 +14,10 @@ from collections import Counter
 from collections.abc import Callable
 from typing import NamedTuple
 
-from stallwatch.engines.base import EVENTS, Engine
-from stallwatch.enginestats import Figures, LogStats
-from stallwatch.prefilter import SHARDS, Compiled, compile_rules, strip_groups
-
-ANSI = re.compile(rb"\x1b\[[0-9;?]*[ -/]*[@-~]")
+from stallwatch.engines.base import EVENTS, Engine, Figures
+from stallwatch.logs.formats import ANSI
+from stallwatch.logs.prefilter import SHARDS, Compiled, compile_rules, strip_groups
+from stallwatch.logs.stats_lines import StatsLineIntegrator
 
 
 class Matcher:
@@ -49,10 +49,13 @@ class PhaseSnapshot(NamedTuple):
     events: dict[str, int]
 
 
-class PhaseTracker:
-    """Current phase, when it began, weight shard progress and event counts of one server."""
+class LogInterpreter:
+    """Current phase, when it began, weight shard progress, event counts, last progress and stats-line figures of
+    one server. Fed from one log thread; read by any under its lock."""
 
-    def __init__(self, engine: Engine, wall: Callable[[], float] = time.time) -> None:
+    def __init__(self, engine: Engine, wall: Callable[[], float] = time.time,
+                 tap: Callable[[bytes], None] | None = None) -> None:
+        """`tap` sees every block fed, ANSI codes stripped (a server's `LogTail`)."""
         self.matcher = Matcher(engine)
         self._wall = wall
         self._lock = threading.Lock()
@@ -65,9 +68,9 @@ class PhaseTracker:
         self.last_launch = float("-inf")
         self.fatal_in_launch = False
         self.last_progress: float | None = None  # when a line that is not a heartbeat last came
-        self.stats = LogStats(engine.stats_lines)
-        self.timeline: list[str] = [self.phase]  # the phases of the current launch, in order
-        self.tap: Callable[[bytes], None] | None = None  # sees every block fed (diagnose keeps the log's tail)
+        self.stats = StatsLineIntegrator(engine.stats_lines)
+        self._timeline: list[str] = [self.phase]  # the phases of the current launch, in order
+        self.tap = tap
 
     # -- log input -------------------------------------------------------------------------------------
     def feed(self, block: bytes, count_events: bool = True) -> None:
@@ -151,13 +154,13 @@ class PhaseTracker:
         self.fatal_in_launch = False
         self.stats.relaunched()
         self._enter("launching")
-        self.timeline = ["launching"]
+        self._timeline = ["launching"]
 
     def _enter(self, phase: str) -> None:
         if phase != self.phase:
             self.phase = phase
             self.since = self._wall()
-            self.timeline = [*self.timeline[-31:], phase]
+            self._timeline = [*self._timeline[-31:], phase]
 
     # -- other signals ---------------------------------------------------------------------------------
     def process_started(self, create_time: float) -> None:
@@ -187,10 +190,19 @@ class PhaseTracker:
         with self._lock:
             return self.last_progress
 
-    def log_figures(self) -> Figures | None:
+    def figures(self) -> Figures | None:
         """Running, waiting and generated tokens from the engine's stats lines; None before the first one."""
         with self._lock:
             return self.stats.figures()
+
+    def timeline(self) -> list[str]:
+        """The phases of the current launch, in order."""
+        with self._lock:
+            return list(self._timeline)
+
+    def has_launch(self, text: bytes) -> bool:
+        """Whether `text` holds a line that starts a launch (where a restarted exporter replays a log from)."""
+        return self.matcher.launch.search(text) is not None
 
     def snapshot(self) -> PhaseSnapshot:
         with self._lock:

@@ -1,6 +1,6 @@
 """The last lines of a server's log, for the evidence in `stallwatch diagnose` and the status pages.
 
-`LogTail` is the phase tracker's tap: it sees every block of the engine's decoded text. It copies at most
+`LogTail` is the log interpreter's tap: it sees every block of the engine's decoded text. It copies at most
 KEEP_BYTES a block and cuts lines only when they are read, so it costs next to nothing on the log's hot path.
 """
 
@@ -10,7 +10,7 @@ import re
 import threading
 from collections import deque
 
-from stallwatch.phase import ANSI
+from stallwatch.logs.formats import ANSI
 from stallwatch.text import printable
 
 TAIL_LINES = 40
@@ -18,7 +18,7 @@ MAX_LINE_BYTES = 4096  # of one log line in a report
 
 
 class LogTail:
-    """The last bytes fed to a server's phase tracker, cut into lines when read."""
+    """The last bytes fed to a server's log interpreter, cut into lines when read."""
 
     KEEP_BYTES = 64 << 10
 

@@ -24,6 +24,8 @@ import re
 from collections.abc import Callable
 from typing import Protocol
 
+# Terminal colour codes are framing too, not the engine's text: stripped before lines are matched or shown.
+ANSI = re.compile(rb"\x1b\[[0-9;?]*[ -/]*[@-~]")
 MAX_RECORD_BYTES = 1 << 20  # kept of one raw record (an input line) that has not ended yet
 MAX_PENDING_BYTES = 1 << 20  # kept of one stream's joined partial pieces
 
