@@ -4,6 +4,7 @@ Each test reproduces one attack or fault from the issue (numbered as there)."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 import shutil
@@ -26,10 +27,10 @@ from stallwatch.collectors import StallwatchCollector
 from stallwatch.collectors.logs import LogsCollector
 from stallwatch.config import Config, Discovery, ServerSpec
 from stallwatch.config.reader import ConfigError
+from stallwatch.discovery.watcher import Watcher
+from stallwatch.discovery.workload import LogSource
 from stallwatch.logfollow import LogFile, LogManager
 from stallwatch.prober import probe
-from stallwatch.servers import Watcher
-from stallwatch.workload import LogSource
 from transcripts import llamacpp_healthy, sglang_until_shards
 
 # Discovery, probes and log polling fast enough that each test takes seconds.
@@ -369,7 +370,7 @@ def _watcher_with_logs(tmp_path: Path, count: int) -> tuple[Watcher, list[Path]]
 def test_file_swapped_for_a_fifo_between_stat_and_open_does_not_block(tmp_path: Path) -> None:
     watcher, (path,) = _watcher_with_logs(tmp_path, 1)
     server = watcher.servers()[0]
-    follower = LogFile(server.name, server.log_sources[0], server.interpreter)
+    follower = LogFile(server.name, server.launch.log_sources[0], server.interpreter)
     before = os.stat(path)  # what the follower's stat saw
     path.unlink()
     os.mkfifo(path)  # ... and what is there when it opens: nobody ever writes it
@@ -395,7 +396,8 @@ def test_file_swapped_for_a_fifo_between_stat_and_open_does_not_block(tmp_path: 
 def test_one_bad_file_is_its_own_log_up_0_and_the_others_go_on(tmp_path: Path) -> None:
     watcher, _ = _watcher_with_logs(tmp_path, 2)
     bad = watcher.servers()[0]
-    bad.log_sources = (LogSource("/var/log/x\0y", "/var/log/x\0y"),)  # what config now refuses: ValueError
+    # What config now refuses: ValueError.
+    bad.launch = dataclasses.replace(bad.launch, log_sources=(LogSource("/var/log/x\0y", "/var/log/x\0y"),))
     manager = LogManager(watcher, 0.1)
     manager.poll()
     stats = {s.server: s for s in manager.stats()}

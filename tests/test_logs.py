@@ -14,8 +14,8 @@ import pytest
 import transcripts as t
 from stallwatch import logfollow
 from stallwatch.config import Config, Discovery, ServerSpec
+from stallwatch.discovery.watcher import Watcher
 from stallwatch.logfollow import LogManager, LogStats
-from stallwatch.servers import Watcher
 
 LAUNCH = b"[2026-11-20 09:14:02] server_args=ServerArgs(model_path='m', tp_size=1)\n"
 LOAD = b"[2026-11-20 09:14:13] Load weight begin. avail mem=78.54 GB\n"

@@ -1,4 +1,4 @@
-"""stallwatch.netns: socket tables, namespace addresses and identity, probe target choice, setns probes.
+"""stallwatch.discovery.netns: socket tables, namespace addresses and identity, probe target choice, setns probes.
 
 Parser tests read committed fixtures (tests/fixtures/net/: `fib_trie` and `if_inet6` captured from a real
 namespace with eth0 198.18.0.2/30 and 2001:db8:1::2/64; `tcp`/`tcp6` in the kernel's exact row layout).
@@ -25,15 +25,15 @@ from pathlib import Path
 
 import pytest
 
-from stallwatch.netns import (
+from stallwatch.discovery.netns import (
     PROBE_THREAD_PREFIX,
     TCP_LISTEN,
     Socket,
+    choose_address,
     listening,
     local_addresses,
     netns_inode,
     parse_tcp,
-    probe_target,
     run_in_netns,
     same_netns,
 )
@@ -345,7 +345,7 @@ def test_unprivileged_view(tmp_path: Path) -> None:
     code = textwrap.dedent(
         """\
         import json, os, sys
-        from stallwatch.netns import listening, netns_inode, run_in_netns, same_netns
+        from stallwatch.discovery.netns import listening, netns_inode, run_in_netns, same_netns
         root_pid = int(sys.argv[1])  # the test process, still root
         os.setgroups([]); os.setgid(65534); os.setuid(65534)
         out = {
@@ -371,7 +371,7 @@ def test_unprivileged_view(tmp_path: Path) -> None:
     assert "Operation not permitted" in out["setns"][2]
 
 
-# --- probe_target ----------------------------------------------------------------------------------------------
+# --- choose_address ----------------------------------------------------------------------------------------------
 
 POD, POD_V6 = "198.18.0.2", "2001:db8:1::2"
 
@@ -404,7 +404,7 @@ POD, POD_V6 = "198.18.0.2", "2001:db8:1::2"
     ],
 )
 def test_probe_target(binds: list[str], own: list[str], expected: tuple[str, str]) -> None:
-    assert probe_target(binds, own) == expected
+    assert choose_address(binds, own) == expected
 
 
 # --- run_in_netns without a namespace of its own ---------------------------------------------------------------
@@ -610,7 +610,7 @@ def test_real_namespace(pod: Pod, tmp_path: Path, bind: str) -> None:
         assert same_netns("/proc", server.pid) is False
         assert same_netns("/proc", os.getpid()) is True
 
-        kind, address = probe_target(binds, own)
+        kind, address = choose_address(binds, own)
         if bind == "127.0.0.1":
             assert (kind, address) == ("loopback_only", "127.0.0.1")
             with pytest.raises(OSError):

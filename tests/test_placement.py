@@ -1,4 +1,5 @@
-"""stallwatch.placement: cgroup shapes, the kubelet log tree under a rootfs, Docker's container state files."""
+"""stallwatch.discovery.placement: cgroup shapes, the kubelet log tree under a rootfs, Docker's container state
+files."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from stallwatch.placement import (
+from stallwatch.discovery.placement import (
     DockerContainer,
     Placement,
     PodContainer,

@@ -26,9 +26,9 @@ from sandbox import DockerContainer, Pod, SystemdUnit, require_root
 from stallwatch.collectors.base import Context
 from stallwatch.config import Config
 from stallwatch.config.web import WebConfig
+from stallwatch.discovery.processes import ProcessKey
 from stallwatch.history import History, Point
 from stallwatch.logs.tail import MAX_LINE_BYTES, LogTail
-from stallwatch.servers import ProcessKey
 from stallwatch.status import WINDOW_SECONDS, StatusPages, window_start
 from stallwatch.statuspage import series
 from stallwatch.web import make_app, status_path
@@ -227,7 +227,7 @@ def test_names_that_are_not_utf8_link_and_resolve() -> None:
     """A pod name with bytes that are not UTF-8 (surrogate-escaped): the landing page links it, the link leads back
     to it, and so does the printable form an alert's label carries."""
     odd = SimpleNamespace(name="llm/pod-\udcff\udcfe", engine=SimpleNamespace(name="sglang"), is_running=lambda: True,
-                          probes=[], log_sources=[])
+                          launch=SimpleNamespace(probes=[], log_sources=[]))
     watcher = SimpleNamespace(servers=lambda: [odd])
     pages = StatusPages(Context(Config(), watcher))  # type: ignore[arg-type]
     assert pages.find(odd.name) is odd and pages.find("llm/pod-\\xff\\xfe") is odd and pages.find("llm/pod-") is None
@@ -285,7 +285,7 @@ def test_log_tail_of_a_100_mb_line_without_newline_stays_small() -> None:
 
 def _server(name: str, tree: list) -> SimpleNamespace:
     return SimpleNamespace(name=name, spec=SimpleNamespace(gpus=None), tree=lambda: tree,
-                           interpreter=SimpleNamespace(log_figures=lambda: None))
+                           interpreter=SimpleNamespace(figures=lambda: None))
 
 
 def test_history_ring_is_bounded_and_forgets_gone_servers() -> None:

@@ -111,7 +111,8 @@ def local() -> Iterator[SimpleNamespace]:
     collector = _SlowCollector()
     registry.register(collector)
     odd = SimpleNamespace(name="pod-\udcff\udcfe", engine=SimpleNamespace(name="sglang"), is_running=lambda: True,
-                          probes=[], log_sources=[SimpleNamespace(path="/var/log/\udce9t\ud800.log")])
+                          launch=SimpleNamespace(probes=[],
+                                                 log_sources=[SimpleNamespace(path="/var/log/\udce9t\ud800.log")]))
     server, _ = serve(make_app(registry, _watcher(odd), "/metrics"), "127.0.0.1", 0)  # type: ignore[arg-type]
     try:
         yield SimpleNamespace(port=server.server_port, collector=collector)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from stallwatch.config import Paths
-from stallwatch.workload import LogSource, Workload, locate, log_sources
+from stallwatch.discovery.workload import LogSource, Workload, locate, log_sources
 
 CID = "0f5e9a2b" * 8
 UID = "3a4b5c6d-1111-4222-8333-944455556666"

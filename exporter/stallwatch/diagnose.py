@@ -30,12 +30,13 @@ from stallwatch.collectors.engine_metrics import EngineMetricsSettings
 from stallwatch.collectors.gpu import Device, read_device, server_memory
 from stallwatch.collectors.probe import ProbeSettings
 from stallwatch.config import Config
+from stallwatch.discovery.processes import ProcSample
+from stallwatch.discovery.server import Server
+from stallwatch.discovery.watcher import Watcher
 from stallwatch.enginemetrics import read_page
 from stallwatch.logfollow import LogManager
 from stallwatch.nvml import BusyIntegrator, Nvml
 from stallwatch.prober import probe_target
-from stallwatch.proctree import ProcSample
-from stallwatch.servers import Server, Watcher
 from stallwatch.text import printable
 
 PYSPY_TIMEOUT = 10.0
@@ -277,16 +278,17 @@ def assemble(server: Server, seen: Observation) -> ServerReport:
     report = ServerReport(
         name=server.name, identity=_identity(server), phase=_phase(server), gpu=seen.gpu, window_seconds=seen.window,
         processes=seen.processes, stacks=seen.stacks, port=seen.port, engine_figures=seen.engine,
-        log=LogInfo([source.path for source in server.log_sources], seen.log_lines, events), verdict=Verdict("", ""))
+        log=LogInfo([source.path for source in server.launch.log_sources], seen.log_lines, events),
+        verdict=Verdict("", ""))
     report.verdict = verdict(report, server.spec.stall.gpu_memory_bytes, server.spec.stall.log_stale)
     return report
 
 
 def _identity(server: Server) -> Identity:
-    w = server.workload
-    pid = server.main_key.pid if server.main_key is not None else None
-    return Identity(server.engine.name, server.model, server.tensor_parallel, w.runtime, w.namespace, w.pod,
-                    w.container, w.unit, pid, server.port)
+    launch = server.launch
+    w = launch.workload
+    return Identity(server.engine.name, launch.model, launch.tensor_parallel, w.runtime, w.namespace, w.pod,
+                    w.container, w.unit, launch.pid, launch.port)
 
 
 def _phase(server: Server) -> PhaseInfo:
@@ -358,7 +360,8 @@ def _wchan(procfs: str, pid: int) -> str:
 def _port(server: Server, config: Config) -> PortInfo:
     enter_netns = config.collector("probe", ProbeSettings).enter_netns
     probes = []
-    for target in server.probes:
+    launch = server.launch
+    for target in launch.probes:
         result, why = probe_target(target, server, config.paths.procfs, enter_netns)
         if result is None:
             probes.append(ProbeInfo(target.probe.url, None, 0, why, 0.0))
@@ -367,8 +370,8 @@ def _port(server: Server, config: Config) -> PortInfo:
             server.interpreter.probe_succeeded(time.time())
         probes.append(ProbeInfo(target.probe.url, result.success, result.status, result.reason or "",
                                 result.duration))
-    listening = None if server.listening is None else bool(server.listening)
-    return PortInfo(server.port, listening, list(server.listening or ()), probes)
+    listening = None if launch.listening is None else bool(launch.listening)
+    return PortInfo(launch.port, listening, list(launch.listening or ()), probes)
 
 
 def _engine(server: Server, config: Config, before: tuple[str, float, float] | None) -> EngineInfo:

@@ -1,6 +1,6 @@
 """Each server's own `/metrics` page, fetched by a background thread per server (never inside a scrape).
 
-The address is the health probe's (`Server.probes`: an address of the server's own) with the engine's metrics
+The address is the health probe's (`Launch.probes`: an address of the server's own) with the engine's metrics
 path; a derived one is fetched only while the server's own tree listens on the port, as the probe is. One deadline
 covers each request and at most MAX_BODY_BYTES of a page are read (a real vLLM page is a few hundred KB): a larger
 one counts as a failed fetch. A server that listens on loopback only inside its own network namespace is not
@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 from urllib.parse import urlsplit
 
+from stallwatch.discovery.server import Server
 from stallwatch.engines.base import Figures
 from stallwatch.enginestats import MonotonicCounter, parse_page
 from stallwatch.prober import fetch
-from stallwatch.servers import Server
 
 log = logging.getLogger(__name__)
 
@@ -41,9 +41,10 @@ def metrics_url(server: Server) -> tuple[str, bool] | None:
     """The URL of the server's metrics page and whether it was derived from its command line; None when there is
     none to fetch from here."""
     spec = server.engine.metrics
-    if spec is None or not spec.served(server.argv) or not server.probes:
+    launch = server.launch
+    if spec is None or not spec.served(launch.argv) or not launch.probes:
         return None
-    target = server.probes[0]
+    target = launch.probes[0]
     if target.netns_pid is not None:
         return None
     url = urlsplit(target.probe.url)._replace(path=spec.path, query="").geturl()
@@ -104,7 +105,7 @@ class _Loop:
             return
         running, waiting, tokens = page.figures
         with self.lock:
-            total = self.state.counter.update(tokens, self.server.main_key)
+            total = self.state.counter.update(tokens, self.server.launch.key)
         self._set(True, Figures(running, waiting, total, self._wall()), "")
 
     def _set(self, up: bool | None, figures: Figures | None, error: str) -> None:

@@ -20,11 +20,12 @@ import pynvml
 
 from stallwatch.collectors.base import Context
 from stallwatch.collectors.gpu import Device, read_device, server_memory
+from stallwatch.discovery.processes import ProcessKey
+from stallwatch.discovery.server import Server
 from stallwatch.enginemetrics import EngineMetricsManager
 from stallwatch.logfollow import LogManager
 from stallwatch.loops import run_every
 from stallwatch.nvml import Nvml
-from stallwatch.servers import ProcessKey, Server
 
 log = logging.getLogger(__name__)
 

@@ -19,11 +19,11 @@ from dataclasses import dataclass
 from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers import Observer
 
+from stallwatch.discovery.watcher import Watcher
+from stallwatch.discovery.workload import LogSource
 from stallwatch.logs.formats import decoder_for
 from stallwatch.logs.interpret import LogInterpreter
 from stallwatch.logs.journal import JournalReader
-from stallwatch.servers import Watcher
-from stallwatch.workload import LogSource
 
 log = logging.getLogger(__name__)
 
@@ -343,7 +343,7 @@ class LogManager:
 
     def poll(self) -> None:
         servers = self.watcher.servers()
-        wanted = {(s.name, source.path): (s, source) for s in servers for source in _expand(s.log_sources)}
+        wanted = {(s.name, source.path): (s, source) for s in servers for source in _expand(s.launch.log_sources)}
         with self._lock:
             for key in set(self._files) - set(wanted):
                 self._files.pop(key).close()
@@ -351,14 +351,15 @@ class LogManager:
                 if key in self._files:
                     self._files[key].retarget(source)
                     continue
-                launch = server.main_key.create_time if server.main_key is not None else self._wall()
+                process = server.launch.key
+                launch = process.create_time if process is not None else self._wall()
                 if source.format == "journal":
                     self._files[key] = JournalLog(server.name, source, server.interpreter, launch, self._started,
                                                   self.watcher.config.paths.journal)
                     continue
                 # Replayed lines are new events only when the process started after us; psutil's create_time
                 # rests on a boot time in whole seconds: allow for that.
-                launched_since = self._replay_events or (server.main_key is not None and launch >= self._started - 2.0)
+                launched_since = self._replay_events or (process is not None and launch >= self._started - 2.0)
                 self._files[key] = LogFile(server.name, source, server.interpreter, self._wall,
                                            recover=os.path.exists(source.open_path), recover_events=launched_since)
             files = list(self._files.values())
@@ -368,8 +369,10 @@ class LogManager:
             except Exception as exc:  # whatever one file does (OSError, a NUL in its path) is that file's log_up 0
                 f.mark_down(exc)
         # The configured paths' directories too: a file that does not exist yet wakes us when it appears.
-        self._watch({os.path.dirname(os.path.abspath(source.open_path)) for s in servers for source in s.log_sources
-                     if source.open_path and not source.open_path.startswith(self.watcher.config.paths.procfs)})
+        procfs = self.watcher.config.paths.procfs
+        self._watch({os.path.dirname(os.path.abspath(source.open_path)) for s in servers
+                     for source in s.launch.log_sources
+                     if source.open_path and not source.open_path.startswith(procfs)})
 
     def close(self) -> None:
         """Close every file (a one-shot reader that never started the loop)."""

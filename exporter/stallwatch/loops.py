@@ -9,9 +9,13 @@ from collections.abc import Callable
 log = logging.getLogger(__name__)
 
 
-def run_every(interval: float, action: Callable[[], None], name: str, stop: threading.Event) -> threading.Thread:
-    """A daemon thread running `action` until `stop` is set; a call that raises is logged and the loop goes on."""
+def run_every(interval: float, action: Callable[[], None], name: str, stop: threading.Event,
+              delay_first: bool = False) -> threading.Thread:
+    """A daemon thread running `action` (first after `interval` when `delay_first`) until `stop` is set; a call
+    that raises is logged and the loop goes on."""
     def loop() -> None:
+        if delay_first and stop.wait(interval):
+            return
         while True:
             try:
                 action()

@@ -20,8 +20,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-from stallwatch import __version__, netns
-from stallwatch.servers import ProbeTarget, Server
+from stallwatch import __version__
+from stallwatch.discovery import netns
+from stallwatch.discovery.server import ProbeTarget, Server
 
 log = logging.getLogger(__name__)
 
@@ -177,7 +178,7 @@ class ProbeManager:
         self._loops: dict[tuple[str, str], _Loop] = {}
 
     def reconcile(self, servers: list[Server]) -> None:
-        wanted = {(s.name, p.probe.url): (p, s) for s in servers for p in s.probes}
+        wanted = {(s.name, p.probe.url): (p, s) for s in servers for p in s.launch.probes}
         with self._lock:
             for key in set(self._loops) - set(wanted):
                 self._loops.pop(key).stop.set()

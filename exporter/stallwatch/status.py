@@ -23,12 +23,12 @@ from stallwatch.diagnose import (
     ServerReport,
     StackGroup,
 )
+from stallwatch.discovery.server import Server
 from stallwatch.enginemetrics import EngineMetricsManager
 from stallwatch.engines.base import Figures
 from stallwatch.history import History, Point
 from stallwatch.nvml import Nvml
 from stallwatch.prober import ProbeManager
-from stallwatch.servers import Server
 from stallwatch.text import display
 
 WINDOW_SECONDS = 60.0  # CPU seconds and tokens are reported over about the last minute
@@ -102,8 +102,9 @@ class StatusPages:
             else:
                 probes.append(ProbeInfo(state.url, result.success, result.status, result.reason or "",
                                         result.duration))
-        listening = None if server.listening is None else bool(server.listening)
-        return PortInfo(server.port, listening, list(server.listening or ()), probes)
+        launch = server.launch
+        listening = None if launch.listening is None else bool(launch.listening)
+        return PortInfo(launch.port, listening, list(launch.listening or ()), probes)
 
     def _figures(self, server: Server) -> tuple[str, Figures | None, str]:
         """The engine's figures as the collectors have them: (source, figures, why its page did not answer)."""

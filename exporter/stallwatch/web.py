@@ -21,8 +21,9 @@ from prometheus_client.metrics_core import Metric
 
 from stallwatch import __version__, statuspage
 from stallwatch.config.web import BasicAuth, TLSReloader, WebConfig
+from stallwatch.discovery.server import ProbeTarget
+from stallwatch.discovery.watcher import Watcher
 from stallwatch.httpserver import Handler, Limits, Request, Response, Server
-from stallwatch.servers import ProbeTarget, Watcher
 from stallwatch.status import StatusPages
 from stallwatch.text import display
 
@@ -176,8 +177,8 @@ def _landing(watcher: Watcher, telemetry_path: str, status: bool) -> Response:
 
     rows = "".join(
         f"<tr>{name(s.name)}{cell(s.engine.name)}{cell('up' if s.is_running() else 'down')}"
-        f"{cell(', '.join(_probe_text(p) for p in s.probes))}"
-        f"{cell(', '.join(source.path for source in s.log_sources))}</tr>"
+        f"{cell(', '.join(_probe_text(p) for p in s.launch.probes))}"
+        f"{cell(', '.join(source.path for source in s.launch.log_sources))}</tr>"
         for s in watcher.servers()
     ) or '<tr><td colspan="5">none yet</td></tr>'
     body = (

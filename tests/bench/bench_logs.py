@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import re
 import shutil
@@ -28,9 +29,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import transcripts
 from harness import Exporter
 from stallwatch.config import Config, Discovery, ServerSpec
+from stallwatch.discovery.watcher import Watcher
+from stallwatch.discovery.workload import LogSource
 from stallwatch.logfollow import LogManager
-from stallwatch.servers import Watcher
-from stallwatch.workload import LogSource
 
 MTAIL_PROGRAM = 'counter decode_lines\n/Decode batch, #running-req: (\\d+)/ {\n  decode_lines++\n}\n'
 
@@ -56,7 +57,8 @@ def ingest(path: Path, fmt: str = "plain", text_size: int | None = None) -> tupl
     target = Path(f"{path}.{time.monotonic_ns()}.link")
     spec = ServerSpec(engine="sglang", name="bench", cmdline=re.compile("no-such-process"), logs=(str(target),))
     watcher = Watcher(Config(servers=(spec,), discovery=Discovery(enabled=False)))
-    watcher.servers()[0].log_sources = (LogSource(str(target), str(target), fmt),)
+    server = watcher.servers()[0]
+    server.launch = dataclasses.replace(server.launch, log_sources=(LogSource(str(target), str(target), fmt),))
     manager = LogManager(watcher, poll_interval=1.0)
     size = text_size if text_size is not None else path.stat().st_size
     manager.poll()

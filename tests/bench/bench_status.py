@@ -85,7 +85,7 @@ def ring_memory(servers: int, processes: int) -> None:
     trees = [[SimpleNamespace(pid=1000 * s + p, create_time=1.7e9 + p, cpu_user=1.0, cpu_system=0.5)
               for p in range(processes)] for s in range(servers)]
     fake = [SimpleNamespace(name=f"ns/server-{s}", spec=SimpleNamespace(gpus=None), tree=lambda t=t: t,
-                            interpreter=SimpleNamespace(log_figures=lambda: None)) for s, t in enumerate(trees)]
+                            interpreter=SimpleNamespace(figures=lambda: None)) for s, t in enumerate(trees)]
     now = [0.0]
     history = History(Context(Config(), SimpleNamespace(servers=lambda: fake)),  # type: ignore[arg-type]
                       interval=10.0, wall=lambda: now[0])

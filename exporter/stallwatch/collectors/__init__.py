@@ -28,8 +28,8 @@ from stallwatch.collectors import (
 )
 from stallwatch.collectors.base import Context, MetricSource, Registration
 from stallwatch.config import CollectorSettings, Config
+from stallwatch.discovery.watcher import Watcher
 from stallwatch.metrics import family
-from stallwatch.servers import Watcher
 from stallwatch.text import printable
 
 log = logging.getLogger(__name__)

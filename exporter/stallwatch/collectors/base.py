@@ -11,7 +11,7 @@ from typing import Generic, Protocol, TypeVar
 from prometheus_client.core import Metric
 
 from stallwatch.config import CollectorSettings, Config
-from stallwatch.servers import Watcher
+from stallwatch.discovery.watcher import Watcher
 
 S = TypeVar("S", bound=CollectorSettings)
 B = TypeVar("B", bound="Background")

@@ -13,10 +13,10 @@ from stallwatch.collectors.base import Context, Registration
 from stallwatch.config import CollectorSettings
 from stallwatch.config.reader import setting
 from stallwatch.config.values import positive_duration
+from stallwatch.discovery.watcher import Watcher
 from stallwatch.enginemetrics import EngineMetricsManager
 from stallwatch.engines.base import Figures
 from stallwatch.metrics import family
-from stallwatch.servers import Watcher
 
 FIGURES = ("engine_requests_running", "engine_requests_waiting", "engine_generated_tokens_total",
            "engine_stats_timestamp_seconds")

@@ -15,9 +15,10 @@ from stallwatch.collectors.base import Registration
 from stallwatch.config import CollectorSettings
 from stallwatch.config.reader import setting
 from stallwatch.config.values import positive_duration
+from stallwatch.discovery.server import Server
+from stallwatch.discovery.watcher import Watcher
 from stallwatch.metrics import family
 from stallwatch.nvml import Nvml, as_str
-from stallwatch.servers import Server, Watcher
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

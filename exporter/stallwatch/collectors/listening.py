@@ -10,8 +10,8 @@ from prometheus_client.core import Metric
 
 from stallwatch.collectors.base import Registration
 from stallwatch.config import CollectorSettings
+from stallwatch.discovery.watcher import Watcher
 from stallwatch.metrics import family
-from stallwatch.servers import Watcher
 
 
 class ListeningCollector:
@@ -21,7 +21,8 @@ class ListeningCollector:
     def collect(self) -> Iterator[Metric]:
         metric = family("server_listening")
         for server in self.watcher.servers():
-            binds, port = server.listening, server.port
+            launch = server.launch
+            binds, port = launch.listening, launch.port
             if binds is not None and port is not None:
                 metric.add_metric([server.name, str(port)], 1.0 if binds else 0.0)
         yield metric

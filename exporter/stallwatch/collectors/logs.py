@@ -12,9 +12,9 @@ from stallwatch.collectors.base import Registration
 from stallwatch.config import CollectorSettings
 from stallwatch.config.reader import setting
 from stallwatch.config.values import positive_duration
+from stallwatch.discovery.watcher import Watcher
 from stallwatch.logfollow import LogManager
 from stallwatch.metrics import family
-from stallwatch.servers import Watcher
 
 
 class LogsCollector:

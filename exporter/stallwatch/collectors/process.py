@@ -9,9 +9,9 @@ from prometheus_client.core import Metric
 
 from stallwatch.collectors.base import Registration
 from stallwatch.config import CollectorSettings
+from stallwatch.discovery.processes import STATES
+from stallwatch.discovery.watcher import Watcher
 from stallwatch.metrics import family
-from stallwatch.proctree import STATES
-from stallwatch.servers import Watcher
 
 
 class ProcessCollector:
@@ -39,7 +39,7 @@ class ProcessCollector:
             for s in tree:
                 memory[s.role] += s.rss
                 thread_count[s.role] += s.threads
-            for role, (user, system) in sorted(server.ledger.update(tree).items()):
+            for role, (user, system) in sorted(server.launch.ledger.update(tree).items()):
                 cpu.add_metric([server.name, role, "user"], user)
                 cpu.add_metric([server.name, role, "system"], system)
             for role in sorted(memory):

@@ -10,8 +10,8 @@ from prometheus_client.core import Metric
 
 from stallwatch.collectors.base import Registration
 from stallwatch.config import CollectorSettings
+from stallwatch.discovery.watcher import Watcher
 from stallwatch.metrics import family
-from stallwatch.servers import Watcher
 
 
 class ServerInfoCollector:
@@ -21,8 +21,9 @@ class ServerInfoCollector:
     def collect(self) -> Iterator[Metric]:
         info = family("server_info")
         for server in self.watcher.servers():
-            w = server.workload
-            info.add_metric([server.name, server.engine.name, server.model, server.tensor_parallel, w.runtime,
+            launch = server.launch
+            w = launch.workload
+            info.add_metric([server.name, server.engine.name, launch.model, launch.tensor_parallel, w.runtime,
                              w.namespace, w.pod, w.container, w.container_id, w.unit], 1.0)
         yield info
 

@@ -8,8 +8,8 @@ from prometheus_client.core import Metric
 
 from stallwatch.collectors.base import Registration
 from stallwatch.config import CollectorSettings
+from stallwatch.discovery.watcher import Watcher
 from stallwatch.metrics import family
-from stallwatch.servers import Watcher
 
 
 class ThresholdsCollector:

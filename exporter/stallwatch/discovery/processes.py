@@ -1,4 +1,5 @@
-"""A server's process tree: role names, states, and CPU totals that never decrease while it lives."""
+"""Processes: the node's candidates for servers (`scan`), and a server's process tree with role names, states and
+CPU totals that never decrease while it lives."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import dataclasses
 import re
 from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import psutil
 
@@ -26,6 +28,36 @@ _PID_SUFFIX = re.compile(r"[:_-]\d+$")
 # otherwise add series without end. Past the cap, new roles share OTHER_ROLE.
 MAX_ROLES = 64
 OTHER_ROLE = "other"
+
+
+class ProcessKey(NamedTuple):
+    """One process for good: a pid alone is reused."""
+
+    pid: int
+    create_time: float
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A process that might be a server's main process, as `scan` lists it."""
+
+    pid: int
+    ppid: int
+    create_time: float
+    argv: tuple[str, ...]
+    cmdline: str  # argv joined by spaces, what config and engine matchers see
+
+
+def scan() -> list[Candidate]:
+    """Every process with a command line, oldest first (psutil, under `psutil.PROCFS_PATH`)."""
+    out = []
+    for proc in psutil.process_iter(["pid", "ppid", "cmdline", "create_time"], ad_value=None):
+        info = proc.info
+        if info.get("cmdline") and info.get("create_time") is not None:
+            argv = tuple(info["cmdline"])
+            out.append(Candidate(info["pid"], info["ppid"] or 0, info["create_time"], argv, " ".join(argv)))
+    out.sort(key=lambda c: c.create_time)
+    return out
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ import stat
 from dataclasses import dataclass
 
 from stallwatch.config import Paths
-from stallwatch.placement import (
+from stallwatch.discovery.placement import (
     DockerContainer,
     Placement,
     find_pod_container,

@@ -31,12 +31,12 @@ __all__ = [
     "PROBE_THREAD_PREFIX",
     "TCP_LISTEN",
     "Socket",
+    "choose_address",
     "listeners",
     "listening",
     "local_addresses",
     "netns_inode",
     "parse_tcp",
-    "probe_target",
     "run_in_netns",
     "same_netns",
     "socket_inodes",
@@ -301,7 +301,7 @@ def _dialable(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
     return not (address.is_unspecified or address.is_loopback or address.is_link_local or address.is_multicast)
 
 
-def probe_target(binds: list[str], own: list[str]) -> tuple[str, str]:
+def choose_address(binds: list[str], own: list[str]) -> tuple[str, str]:
     """Where to dial a server from the exporter's namespace, given its LISTEN addresses and its namespace's own.
 
     Returns `(kind, address)` (address as `ipaddress` text; bracket IPv6 in URLs yourself):

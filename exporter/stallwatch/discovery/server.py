@@ -1,0 +1,217 @@
+"""One watched server: its name, config and engine for good, and its current `Launch`.
+
+A `Launch` is what was read of the server's main process when it was found (command line, workload, port,
+where to probe it, where its log is) and the CPU ledger of its tree. It is a frozen value replaced whole (at a
+relaunch, or when the port opens), so a reader that takes `server.launch` once never sees a new pid with the old
+command line. The log interpreter and the log tail live as long as the server does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import threading
+import time
+from dataclasses import dataclass, field
+
+import psutil
+
+from stallwatch.config import Config, Probe, ServerSpec
+from stallwatch.discovery import netns
+from stallwatch.discovery.processes import Candidate, CpuLedger, ProcessKey, ProcSample, sample
+from stallwatch.discovery.workload import LogSource, Workload, log_sources
+from stallwatch.engines import ENGINES
+from stallwatch.engines.base import Engine
+from stallwatch.logs.interpret import LogInterpreter
+from stallwatch.logs.tail import LogTail
+from stallwatch.text import printable
+
+TREE_CACHE_SECONDS = 0.5  # GPU and process collectors of one scrape share one read of the tree
+
+
+@dataclass(frozen=True)
+class ProbeTarget:
+    """A probe and where it must be made from: `netns_pid` names a process whose network namespace the
+    probe has to enter (the server listens on loopback only inside it); None: from the exporter's own."""
+
+    probe: Probe
+    netns_pid: int | None = None
+    # Derived from the server's command line: made only while its own tree holds a LISTEN socket on the
+    # port, so that a `--port` in another user's argv never makes the exporter probe someone else's port.
+    derived: bool = False
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One launch of a server as it was found; `Launch()` before its process is."""
+
+    key: ProcessKey | None = None
+    process: psutil.Process | None = field(default=None, compare=False)
+    argv: tuple[str, ...] = ()
+    workload: Workload = field(default_factory=Workload)
+    port: int | None = None  # the engine's port, from argv or the engine's default
+    model: str = ""
+    tensor_parallel: str = ""
+    listening: tuple[str, ...] | None = None  # addresses with a LISTEN socket on its port; None: unknown
+    probes: tuple[ProbeTarget, ...] = ()
+    log_sources: tuple[LogSource, ...] = ()
+    ledger: CpuLedger = field(default_factory=CpuLedger, compare=False)  # per-role CPU of this launch's tree
+
+    @property
+    def pid(self) -> int | None:
+        return self.key.pid if self.key is not None else None
+
+
+class Server:
+    def __init__(self, name: str, spec: ServerSpec, config: Config) -> None:
+        self.name = name
+        self.spec = spec
+        self.engine: Engine = ENGINES[spec.engine].with_rules(spec.rules)
+        self._config = config
+        self._lock = threading.Lock()
+        self._tree: tuple[float, list[ProcSample]] = (float("-inf"), [])
+        self.launch = Launch(probes=tuple(ProbeTarget(p) for p in spec.probes or ()),
+                             log_sources=tuple(LogSource(p, p) for p in spec.logs))
+        # Kept from the first line read (a tap set later would miss the replayed start), only where it is shown.
+        self.tail = LogTail() if config.web.show_evidence else None
+        self.interpreter = LogInterpreter(self.engine, tap=self.tail)
+
+    @property
+    def port(self) -> int | None:
+        return self.launch.port
+
+    def attach(self, candidate: Candidate, workload: Workload) -> bool:
+        """Follow `candidate` as the main process; True when it is a new launch."""
+        key = ProcessKey(candidate.pid, candidate.create_time)
+        with self._lock:
+            if key == self.launch.key and self.launch.process is not None:
+                return False
+            try:
+                process = psutil.Process(candidate.pid)
+            except psutil.Error:
+                return False
+            argv = candidate.argv
+            launch = Launch(
+                key=key, process=process, argv=argv, workload=workload, port=self.engine.listen_address(argv)[1],
+                model=printable(self.engine.model(argv)), tensor_parallel=self.engine.tensor_parallel(argv),
+                probes=self.launch.probes,
+                log_sources=self.launch.log_sources if self.spec.logs else log_sources(
+                    self._config.paths, candidate.pid, workload))
+            launch = dataclasses.replace(launch, listening=self._read_listening(launch))
+            if self.spec.probes is None:
+                launch = dataclasses.replace(launch, probes=self._derived_probes(launch))
+            self._tree = (float("-inf"), [])
+            self.launch = launch
+        self.interpreter.process_started(candidate.create_time)
+        return True
+
+    def refresh_network(self) -> bool:
+        """Re-read the sockets of the server's network namespace (its port opens late): whether its port
+        listens, and where to probe it. Reading `/proc/PID/net/tcp` walks the kernel's socket tables (ms on a
+        big host), so this runs in the discovery loop, not in a scrape. True when its probes changed."""
+        with self._lock:
+            launch = self.launch
+            listening = self._read_listening(launch) if self.is_running() else None
+            launch = dataclasses.replace(launch, listening=listening)
+            changed = False
+            if self.spec.probes is None and listening is not None:
+                probes = self._derived_probes(launch)
+                changed, launch = probes != launch.probes, dataclasses.replace(launch, probes=probes)
+            self.launch = launch
+        return changed
+
+    def _read_listening(self, launch: Launch) -> tuple[str, ...] | None:
+        if launch.port is None or launch.key is None:
+            return None
+        found = netns.listening(self._config.paths.procfs, launch.key.pid, launch.port)
+        return None if found is None else tuple(found)
+
+    def own_listeners(self, launch: Launch | None = None) -> list[netns.Socket]:
+        """The LISTEN sockets on the server's port that its own process tree holds (socket inodes of its
+        network namespace's table matched against the tree's `/proc/PID/fd` links): `[]` when nothing of the
+        server listens there, whatever else does."""
+        launch = launch or self.launch
+        main, key = launch.process, launch.key
+        if launch.port is None or main is None or key is None or not _running(main):
+            return []
+        procfs = self._config.paths.procfs
+        sockets = netns.listeners(procfs, key.pid, launch.port)
+        if not sockets:
+            return []
+        try:
+            pids = [main.pid, *(child.pid for child in main.children(recursive=True))]
+        except psutil.Error:
+            pids = [main.pid]
+        held = netns.socket_inodes(procfs, pids)
+        return [s for s in sockets if s.inode in held]
+
+    def _derived_probes(self, launch: Launch) -> tuple[ProbeTarget, ...]:
+        """The health URL at an address of the server's own: in the exporter's network namespace its loopback
+        (or the loopback address it binds), in another one the address its socket is bound to or its own
+        address (the pod IP is what kubelet's probes dial: k8s.io/api core/v1 `HTTPGetAction.Host`, "defaults to
+        the pod IP"); a loopback-only socket there can only be reached from inside. Of the command line only the
+        port is used, and an IP `--host` as the guess of the bind until the server listens: never a name or a
+        path."""
+        host, port = self.engine.listen_address(launch.argv)
+        if port is None or launch.key is None:
+            return ()
+        pid, procfs = launch.key.pid, self._config.paths.procfs
+        owned = [s.address for s in self.own_listeners(launch)] if launch.listening else []
+        binds = list(dict.fromkeys(owned)) or [host if _is_ip(host) else "127.0.0.1"]
+        same = netns.same_netns(procfs, pid)
+        if same is None:  # /proc/PID/ns/net needs ptrace rights: go by what runs the server
+            same = launch.workload.runtime in ("host", "systemd")
+        own = [] if same else netns.local_addresses(procfs, pid)
+        kind, address = netns.choose_address(binds, own)
+        netns_pid = pid if kind == "loopback_only" and not same else None
+        if kind == "none" or (same and address in ("0.0.0.0", "::")):
+            address = "127.0.0.1"
+        url_host = f"[{address}]" if ":" in address else address
+        probe = Probe(url=f"http://{url_host}:{port}{self.engine.health_path}",
+                      timeout=self._config.defaults.probe.timeout, interval=self._config.defaults.probe.interval)
+        return (ProbeTarget(probe, netns_pid, derived=True),)
+
+    def is_running(self) -> bool:
+        main = self.launch.process
+        return main is not None and _running(main)
+
+    def tree(self) -> list[ProcSample]:
+        """Main process and all descendants, re-listed at most every TREE_CACHE_SECONDS."""
+        with self._lock:
+            now = time.monotonic()
+            taken, samples = self._tree
+            if now - taken < TREE_CACHE_SECONDS:
+                return samples
+            samples = self._read_tree(self.launch)
+            self._tree = (now, samples)
+            return samples
+
+    def _read_tree(self, launch: Launch) -> list[ProcSample]:
+        main = launch.process
+        if main is None:
+            return []
+        try:
+            if not main.is_running():
+                return []
+            children = main.children(recursive=True)
+        except psutil.Error:
+            return []
+        title = self.engine.role_title
+        out = [s for s in [sample(main, "main", title)] if s is not None]
+        out += [s for s in (sample(child, None, title) for child in children) if s is not None]
+        return launch.ledger.cap(out)
+
+
+def _running(process: psutil.Process) -> bool:
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _is_ip(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True

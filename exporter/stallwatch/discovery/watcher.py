@@ -1,0 +1,179 @@
+"""Which inference servers are watched: configured ones and those discovered by command line.
+
+The `Watcher` re-scans processes in the background (`processes.scan`, or the `scan` it is given), names what it
+finds, forgets what has long been gone, and hands changes to whoever listens (probes, engine pages, log
+followers).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import time
+from collections.abc import Callable, Iterable
+from urllib.parse import urlsplit
+
+from stallwatch.config import Config, ServerSpec
+from stallwatch.discovery import processes
+from stallwatch.discovery.processes import Candidate, ProcessKey
+from stallwatch.discovery.server import Server
+from stallwatch.discovery.workload import Workload, locate
+from stallwatch.engines import ENGINES
+from stallwatch.engines.base import Engine
+from stallwatch.loops import run_every
+from stallwatch.text import printable
+
+log = logging.getLogger(__name__)
+
+LIVENESS_SECONDS = 1.0  # how soon a vanished main process turns the phase to stopped or failed
+
+
+def _roots(candidates: Iterable[Candidate], pattern: re.Pattern[str]) -> list[Candidate]:
+    """Matching processes whose parent does not match too (forked workers keep their parent's argv)."""
+    matched = [c for c in candidates if pattern.search(c.cmdline)]
+    pids = {c.pid for c in matched}
+    return [c for c in matched if c.ppid not in pids]
+
+
+class Watcher:
+    def __init__(self, config: Config, clock: Callable[[], float] = time.monotonic,
+                 scan: Callable[[], list[Candidate]] = processes.scan) -> None:
+        self.config = config
+        self._clock = clock
+        self._scan = scan
+        self._gone: dict[str, float] = {}  # discovered servers whose process is gone: since when (clock)
+        self._lock = threading.Lock()
+        self._servers: dict[str, Server] = {}
+        self._listeners: list[Callable[[list[Server]], None]] = []
+        self._stop = threading.Event()
+        self._next_refresh = 0.0
+        self._collisions: set[str] = set()
+        for index, spec in enumerate(config.servers):
+            name = spec.name or _default_name(spec, index)
+            self._servers[name] = Server(name, spec, config)
+        self._configured = list(self._servers.values())
+        self._configured_names = set(self._servers)
+
+    def servers(self) -> list[Server]:
+        with self._lock:
+            return list(self._servers.values())
+
+    def on_change(self, listener: Callable[[list[Server]], None]) -> None:
+        self._listeners.append(listener)
+
+    def refresh(self, notify: bool = False) -> None:
+        """Re-scan processes; tell listeners when a server appeared, relaunched or moved its port (or when
+        `notify`)."""
+        candidates = self._scan()
+        claimed: set[int] = set()
+        changed = False
+        for server in self._configured:
+            pattern = server.spec.cmdline or server.engine.cmdline
+            assert pattern is not None  # config validation guarantees one
+            roots = [c for c in _roots(candidates, pattern) if c.pid not in claimed]
+            if roots:
+                claimed.add(roots[0].pid)
+                changed |= self._attach(server, roots[0])
+        if self.config.discovery.enabled:
+            for engine in ENGINES.values():
+                if engine.cmdline is None:
+                    continue
+                for root in _roots(candidates, engine.cmdline):
+                    if root.pid not in claimed:
+                        claimed.add(root.pid)
+                        changed |= self._discovered(engine, root)
+        for server in self.servers():
+            changed |= server.refresh_network()
+        changed |= self._forget_gone()
+        if changed or notify:
+            servers = self.servers()
+            for listener in self._listeners:
+                listener(servers)
+
+    def _forget_gone(self) -> bool:
+        """Drop discovered servers whose process has been gone for `discovery.forget_after`, so that short-lived
+        processes with new ports do not add threads and series for good; the listeners, told of the change, drop
+        their probes and log followers. True when one was dropped. Configured servers stay."""
+        now, grace = self._clock(), self.config.discovery.forget_after
+        dropped = False
+        with self._lock:
+            for name, server in list(self._servers.items()):
+                if name in self._configured_names or server.is_running():
+                    self._gone.pop(name, None)
+                    continue
+                since = self._gone.setdefault(name, now)
+                if now - since >= grace:
+                    del self._servers[name], self._gone[name]
+                    dropped = True
+                    log.info("forgot server %s: its process has been gone for %.0fs", name, now - since)
+        return dropped
+
+    def _attach(self, server: Server, candidate: Candidate) -> bool:
+        if server.launch.key == ProcessKey(candidate.pid, candidate.create_time):
+            return False
+        return server.attach(candidate, locate(self.config.paths, candidate.pid))
+
+    def _discovered(self, engine: Engine, root: Candidate) -> bool:
+        key = ProcessKey(root.pid, root.create_time)
+        with self._lock:
+            following = next((s for s in self._servers.values() if s.launch.key == key), None)
+        if following is not None:
+            return False
+        workload = locate(self.config.paths, root.pid)
+        with self._lock:
+            name = self._name(engine, root, workload)
+            server = self._servers.get(name)
+            if server is None:
+                spec = ServerSpec(engine=engine.name, stall=self.config.defaults.stall)
+                server = self._servers[name] = Server(name, spec, self.config)
+                log.info("discovered %s server %s (pid %d, %s)", engine.name, name, root.pid, workload.runtime)
+        return server.attach(root, workload)
+
+    def _name(self, engine: Engine, root: Candidate, workload: Workload) -> str:
+        """A name unique on the node and stable across restarts of the same workload: a server by that name
+        whose process is gone is the same workload restarted; one whose process lives is another server."""
+        name = printable(workload.name or f"{engine.name}-{engine.listen_address(root.argv)[1]}")
+        if self._taken(name) and workload.pod:
+            name = f"{name}/{workload.container}"  # a second server in one pod
+        base, suffix = name, 1
+        while self._taken(name):
+            suffix += 1
+            name = f"{base}-{suffix}"
+        if suffix > 1 and base not in self._collisions:
+            self._collisions.add(base)
+            log.warning("two servers would be named %s; the later one (pid %d) is %s", base, root.pid, name)
+        return name
+
+    def _taken(self, name: str) -> bool:
+        server = self._servers.get(name)
+        return server is not None and server.is_running()
+
+    def check_liveness(self) -> None:
+        """A main process that is gone ends its phase now, not at the next scrape or discovery pass."""
+        for server in self.servers():
+            if server.launch.process is not None and not server.is_running():
+                server.interpreter.process_gone()
+
+    def start(self) -> None:
+        self.refresh(notify=True)
+        self._next_refresh = time.monotonic() + self.config.discovery.interval
+        run_every(min(LIVENESS_SECONDS, self.config.discovery.interval), self._tick, "process discovery", self._stop,
+                  delay_first=True)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _tick(self) -> None:
+        self.check_liveness()
+        if self._clock() >= self._next_refresh:
+            self._next_refresh = time.monotonic() + self.config.discovery.interval
+            self.refresh()
+
+
+def _default_name(spec: ServerSpec, index: int) -> str:
+    engine = ENGINES[spec.engine]
+    port: int | None = engine.default_port
+    if spec.probes:
+        port = urlsplit(spec.probes[0].url).port or port
+    return f"{spec.engine}-{port}" if port is not None else f"{spec.engine}-{index}"
