@@ -168,8 +168,8 @@ def test_probe_without_url_and_defaults_probe_with_url_are_refused() -> None:
 
 def test_every_registered_collector_has_a_section_and_a_flag() -> None:
     from stallwatch.collectors import REGISTRY
-    from stallwatch.collectors.gpu import GpuSettings
-    from stallwatch.collectors.logs import LogsSettings
+    from stallwatch.signals.logs import LogsSettings
+    from stallwatch.signals.nvml import GpuSettings
 
     config = parse("gpu: {sample_interval: 2s}\nlogs: {enabled: false, poll_interval: 0.5s}\nphase: {enabled: false}\n")
     assert config.collector("gpu", GpuSettings).sample_interval == 2

@@ -14,9 +14,11 @@ import pytest
 
 import transcripts
 from harness import FAKES, Engine, FakeNvml, gpus, poll
-from stallwatch import diagnose
+from stallwatch.report import stacks
+from stallwatch.report.model import SCHEMA as SCHEMA_PATH
+from stallwatch.report.render import fold_roles
 
-SCHEMA = json.loads((Path(diagnose.__file__).parent / "diagnose.schema.json").read_text())
+SCHEMA = json.loads(SCHEMA_PATH.read_text())
 WAIT_FRAME = "wait_for_draft_hidden_states"  # where the simulated engine's processes sleep
 STALE = "defaults:\n  stall:\n    log_stale: 1s\n"  # the stall counts after 1 s of silence, not 10 minutes
 
@@ -162,9 +164,9 @@ def test_unknown_server_and_bad_config_exit_2(tmp_path: Path) -> None:
 
 
 def test_missing_pyspy_is_reported_per_process() -> None:
-    threads, error = diagnose.dump(os.getpid(), None)
+    threads, error = stacks.dump(os.getpid(), None)
     assert threads == [] and error == "py-spy is not installed"
-    threads, error = diagnose.dump(os.getpid(), "/nonexistent/py-spy")
+    threads, error = stacks.dump(os.getpid(), "/nonexistent/py-spy")
     assert threads == [] and error.startswith("py-spy could not run")
 
 
@@ -172,7 +174,7 @@ def test_parse_dump_marks_waits() -> None:
     text = ('Process 7: python -m sglang.launch_server\nPython v3.11.2 (/usr/bin/python3.11)\n\n'
             'Thread 7 (idle): "MainThread"\n    all_reduce (torch/distributed/distributed_c10d.py:2050)\n'
             '    forward (model.py:10)\nThread 9 (active): "Thread-1"\n    get (queue.py:171)\n')
-    threads = diagnose.parse_dump(text)
+    threads = stacks.parse_dump(text)
     assert [(t.name, t.status) for t in threads] == [("MainThread", "idle"), ("Thread-1", "active")]
     assert [f.wait for f in threads[0].frames] == [True, False] and threads[1].frames[0].wait
 
@@ -182,4 +184,4 @@ def test_parse_dump_marks_waits() -> None:
     (["main"], "main"),
 ])
 def test_roles_fold_ranks(roles: list[str], text: str) -> None:
-    assert diagnose._roles(roles) == text
+    assert fold_roles(roles) == text

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 from harness import ROOT
-from stallwatch.metrics import CATALOG, PREFIX
+from stallwatch.collectors.catalog import CATALOG, PREFIX
 
 
 def documented() -> set[str]:
@@ -16,8 +16,8 @@ def documented() -> set[str]:
 
 def test_every_family_is_documented_and_every_documented_family_exists() -> None:
     emitted = {PREFIX + name for name in CATALOG}
-    assert documented() - emitted == set(), "documented in README but not in stallwatch.metrics.CATALOG"
-    assert emitted - documented() == set(), "in stallwatch.metrics.CATALOG but not documented in README"
+    assert documented() - emitted == set(), "documented in README but not in stallwatch.collectors.catalog.CATALOG"
+    assert emitted - documented() == set(), "in stallwatch.collectors.catalog.CATALOG but not documented in README"
 
 
 def test_catalog_follows_naming_conventions() -> None:

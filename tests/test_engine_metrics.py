@@ -17,10 +17,10 @@ import transcripts
 from harness import SIM_PKGS, Exporter, Scrape
 from sandbox import Pod, require_root
 from stallwatch.engines import ENGINES
-from stallwatch.enginestats import MonotonicCounter, parse_page
 from stallwatch.logs.interpret import LogInterpreter
 from stallwatch.logs.stats_lines import StatsLineIntegrator, last_stats
-from stallwatch.prober import fetch
+from stallwatch.signals.engine_page import MonotonicCounter, parse_page
+from stallwatch.signals.probes import fetch
 
 sys.path.insert(0, str(SIM_PKGS))
 import enginesim
@@ -296,7 +296,7 @@ def test_stats_lines_and_page_of_a_vllm_in_a_cri_pod(exporter, tmp_path: Path) -
 
 def test_a_page_with_values_that_are_not_finite_is_refused() -> None:
     from stallwatch.engines import ENGINES
-    from stallwatch.enginestats import parse_page
+    from stallwatch.signals.engine_page import parse_page
 
     spec = ENGINES["vllm"].metrics
     assert spec is not None

@@ -29,8 +29,8 @@ from stallwatch.config import Config, Discovery, ServerSpec
 from stallwatch.config.reader import ConfigError
 from stallwatch.discovery.watcher import Watcher
 from stallwatch.discovery.workload import LogSource
-from stallwatch.logfollow import LogFile, LogManager
-from stallwatch.prober import probe
+from stallwatch.signals.logs import LogFile, LogManager
+from stallwatch.signals.probes import probe
 from transcripts import llamacpp_healthy, sglang_until_shards
 
 # Discovery, probes and log polling fast enough that each test takes seconds.

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 import transcripts as t
-from stallwatch import logfollow
 from stallwatch.config import Config, Discovery, ServerSpec
 from stallwatch.discovery.watcher import Watcher
-from stallwatch.logfollow import LogManager, LogStats
+from stallwatch.signals import logs as logfollow
+from stallwatch.signals.logs import FileStats, LogManager
 
 LAUNCH = b"[2026-11-20 09:14:02] server_args=ServerArgs(model_path='m', tp_size=1)\n"
 LOAD = b"[2026-11-20 09:14:13] Load weight begin. avail mem=78.54 GB\n"
@@ -37,7 +37,7 @@ def manager(*logs: str | Path) -> tuple[LogManager, Watcher, Clock]:
     return LogManager(watcher, poll_interval=1.0, wall=clock), watcher, clock
 
 
-def stats(m: LogManager, path: str | Path | None = None) -> LogStats:
+def stats(m: LogManager, path: str | Path | None = None) -> FileStats:
     found = [s for s in m.stats() if path is None or s.path == str(path)]
     assert len(found) == 1, m.stats()
     return found[0]

@@ -23,15 +23,15 @@ import transcripts
 from conftest import require
 from harness import SIM_BIN, Engine, Exporter, free_port, gpus, poll
 from sandbox import DockerContainer, Pod, SystemdUnit, require_root
-from stallwatch.collectors.base import Context
 from stallwatch.config import Config
 from stallwatch.config.web import WebConfig
 from stallwatch.discovery.processes import ProcessKey
-from stallwatch.history import History, Point
 from stallwatch.logs.tail import MAX_LINE_BYTES, LogTail
-from stallwatch.status import WINDOW_SECONDS, StatusPages, window_start
-from stallwatch.statuspage import series
-from stallwatch.web import make_app, status_path
+from stallwatch.report.live import WINDOW_SECONDS, StatusPages, window_start
+from stallwatch.runtime import Runtime
+from stallwatch.signals.history import History, Point
+from stallwatch.web.routes import make_app, status_path
+from stallwatch.web.statuspage import series
 
 WAIT_FRAME = "wait_for_draft_hidden_states"  # where the simulated engine's processes sleep (tests/sim)
 SECRET = "SECRET-PROMPT-7f3a9c"
@@ -229,7 +229,7 @@ def test_names_that_are_not_utf8_link_and_resolve() -> None:
     odd = SimpleNamespace(name="llm/pod-\udcff\udcfe", engine=SimpleNamespace(name="sglang"), is_running=lambda: True,
                           launch=SimpleNamespace(probes=[], log_sources=[]))
     watcher = SimpleNamespace(servers=lambda: [odd])
-    pages = StatusPages(Context(Config(), watcher))  # type: ignore[arg-type]
+    pages = StatusPages(Runtime(Config(), watcher))  # type: ignore[arg-type]
     assert pages.find(odd.name) is odd and pages.find("llm/pod-\\xff\\xfe") is odd and pages.find("llm/pod-") is None
     asked: list[str] = []
     recording = SimpleNamespace(find=lambda name: asked.append(name))
@@ -293,7 +293,7 @@ def test_history_ring_is_bounded_and_forgets_gone_servers() -> None:
     sample = SimpleNamespace(pid=7, create_time=5.0, cpu_user=1.0, cpu_system=0.5)
     servers = [_server("a", [sample]), _server("b", [])]
     watcher = SimpleNamespace(servers=lambda: list(servers))
-    history = History(Context(Config(), watcher), interval=1.0, span=10.0, wall=lambda: now[0])  # type: ignore[arg-type]
+    history = History(watcher, interval=1.0, span=10.0, wall=lambda: now[0])  # type: ignore[arg-type]
     for _ in range(30):
         history.sample_once()
         now[0] += 1.0
@@ -312,7 +312,7 @@ def test_history_keeps_cpu_totals_only_for_recent_points() -> None:
     now = [0.0]
     sample = SimpleNamespace(pid=7, create_time=5.0, cpu_user=1.0, cpu_system=0.5)
     watcher = SimpleNamespace(servers=lambda: [_server("a", [sample])])
-    history = History(Context(Config(), watcher), interval=10.0, wall=lambda: now[0])  # type: ignore[arg-type]
+    history = History(watcher, interval=10.0, wall=lambda: now[0])  # type: ignore[arg-type]
     for _ in range(100):
         history.sample_once()
         now[0] += 10.0

@@ -22,9 +22,11 @@ from prometheus_client.core import GaugeMetricFamily
 
 from harness import Exporter, poll
 from stallwatch.config.reader import ConfigError
-from stallwatch.config.web import BasicAuth, WebConfig, parse
-from stallwatch.httpserver import HeadError, Limits, Server, parse_head
-from stallwatch.web import SharedCollection, gzip_accepted, make_app, restrict, serve
+from stallwatch.config.web import WebConfig, parse
+from stallwatch.web.auth import BasicAuth
+from stallwatch.web.exposition import SharedCollection, gzip_accepted, restrict
+from stallwatch.web.routes import make_app, serve
+from stallwatch.web.server import HeadError, HttpServer, Limits, parse_head
 
 # --- certificates: a throwaway CA, server and client certificates (openssl CLI) --------------------------------
 
@@ -197,7 +199,7 @@ def test_restrict_keeps_counter_samples_by_sample_name() -> None:
 def test_slow_header_client_is_cut_at_the_head_deadline_and_holds_no_worker() -> None:
     registry = CollectorRegistry()
     app = make_app(registry, _watcher(), "/metrics")  # type: ignore[arg-type]
-    server = Server(app, "127.0.0.1", 0, Limits(workers=1, header_timeout=1.0))
+    server = HttpServer(app, "127.0.0.1", 0, Limits(workers=1, header_timeout=1.0))
     server.start()
     try:
         slow = socket.create_connection(("127.0.0.1", server.server_port))
@@ -426,9 +428,9 @@ def test_real_exporter_head_405_gzip_and_names(tmp_path: Path) -> None:
         exporter.stop()
 
 
-def _plain_server(**limits: float) -> Server:
+def _plain_server(**limits: float) -> HttpServer:
     app = make_app(CollectorRegistry(), _watcher(), "/metrics")  # type: ignore[arg-type]
-    server = Server(app, "127.0.0.1", 0, Limits(**limits))  # type: ignore[arg-type]
+    server = HttpServer(app, "127.0.0.1", 0, Limits(**limits))  # type: ignore[arg-type]
     server.start()
     return server
 

@@ -1,4 +1,5 @@
-"""The `stallwatch` command: serve (default), check-config FILE, version."""
+"""The `stallwatch` command: flags and sub-commands only (serve, the default; check-config FILE; diagnose; version).
+What runs is built by `app`."""
 
 from __future__ import annotations
 
@@ -11,17 +12,15 @@ import threading
 from collections.abc import Sequence
 
 import psutil
-from prometheus_client import CollectorRegistry
 
-from stallwatch import __version__
+from stallwatch import __version__, app
 from stallwatch import config as config_module
-from stallwatch import diagnose as diagnose_module
-from stallwatch.collectors import REGISTRY, build, sections
+from stallwatch.collectors import REGISTRY, sections
 from stallwatch.config import Config
 from stallwatch.config import web as webconfig
 from stallwatch.config.reader import ConfigError
-from stallwatch.status import StatusPages
-from stallwatch.web import make_app, serve
+from stallwatch.report import oneshot, render
+from stallwatch.report.observe import UnknownServer
 
 DEFAULT_PORT = 9847
 log = logging.getLogger("stallwatch")
@@ -85,9 +84,9 @@ def _with_path_flags(config: Config, args: argparse.Namespace) -> Config:
 def _diagnose(config: Config, args: argparse.Namespace) -> int:
     if not 0 < args.window <= 60:
         raise ValueError(f"--window: expected seconds in (0, 60], got {args.window}")
-    report = diagnose_module.gather(config, args.server, args.window)
-    render = diagnose_module.render_json if args.json else diagnose_module.render_text
-    sys.stdout.write(render(report).rstrip("\n") + "\n")
+    report = oneshot.gather(app.oneshot(config), args.server, args.window)
+    text = render.render_json(report) if args.json else render.render_text(report)
+    sys.stdout.write(text.rstrip("\n") + "\n")
     return report.exit_code
 
 
@@ -109,22 +108,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _diagnose(config, args)
         host, port = _listen_address(args.listen_address)
         web_config = webconfig.load(args.web_config_file) if args.web_config_file else None
-    except (ConfigError, ValueError, diagnose_module.UnknownServer) as exc:
+    except (ConfigError, ValueError, UnknownServer) as exc:
         print(f"stallwatch: error: {exc}", file=sys.stderr)
         return 2
 
-    root, context = build(config, {r.name: getattr(args, f"collector_{r.name}") for r in REGISTRY})
-    registry = CollectorRegistry()
-    registry.register(root)
-    status = StatusPages(context)
+    runtime = app.build(config, {r.name: getattr(args, f"collector_{r.name}") for r in REGISTRY})
     try:
-        httpd, _ = serve(make_app(registry, context.watcher, args.telemetry_path, web_config, status), host, port,
-                         web_config)
+        httpd = app.serve(runtime, host, port, args.telemetry_path, web_config)
     except OSError as exc:
         print(f"stallwatch: error: cannot listen on {args.listen_address}: {exc}", file=sys.stderr)
         return 1
-    for part in context.background:
-        part.start()
     log.info("stallwatch %s listening on %s:%d%s%s", __version__, host or "*", httpd.server_port,
              args.telemetry_path, " (TLS)" if httpd.tls is not None else "")
 
@@ -134,6 +127,5 @@ def main(argv: Sequence[str] | None = None) -> int:
     stop.wait()
     log.info("shutting down")
     httpd.shutdown()
-    for part in context.background:
-        part.stop()
+    runtime.stop()
     return 0

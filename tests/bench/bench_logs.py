@@ -31,7 +31,7 @@ from harness import Exporter
 from stallwatch.config import Config, Discovery, ServerSpec
 from stallwatch.discovery.watcher import Watcher
 from stallwatch.discovery.workload import LogSource
-from stallwatch.logfollow import LogManager
+from stallwatch.signals.logs import LogManager
 
 MTAIL_PROGRAM = 'counter decode_lines\n/Decode batch, #running-req: (\\d+)/ {\n  decode_lines++\n}\n'
 

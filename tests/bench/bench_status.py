@@ -24,10 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import transcripts
 from harness import Engine, Exporter, gpus, poll
-from stallwatch.collectors.base import Context
-from stallwatch.config import Config
-from stallwatch.history import SPAN_SECONDS, History
-from stallwatch.web import status_path
+from stallwatch.signals.history import SPAN_SECONDS, History
+from stallwatch.web.routes import status_path
 
 CONFIG = "defaults:\n  stall:\n    log_stale: 1s\nweb:\n  history_interval: 1s\n  show_evidence: {evidence}\n"
 
@@ -87,8 +85,8 @@ def ring_memory(servers: int, processes: int) -> None:
     fake = [SimpleNamespace(name=f"ns/server-{s}", spec=SimpleNamespace(gpus=None), tree=lambda t=t: t,
                             interpreter=SimpleNamespace(figures=lambda: None)) for s, t in enumerate(trees)]
     now = [0.0]
-    history = History(Context(Config(), SimpleNamespace(servers=lambda: fake)),  # type: ignore[arg-type]
-                      interval=10.0, wall=lambda: now[0])
+    history = History(SimpleNamespace(servers=lambda: fake), interval=10.0,  # type: ignore[arg-type]
+                      wall=lambda: now[0])
     tracemalloc.start()
     base = tracemalloc.get_traced_memory()[0]
     for _ in range(int(SPAN_SECONDS / 10) + 1):

@@ -2,7 +2,8 @@
 
 A collector whose `collect()` raises contributes nothing to the scrape except
 `stallwatch_collector_success{collector="<name>"} 0`; `/metrics` still answers 200.
-Adding a collector: one module with a `COLLECTOR = Registration(...)`, and one line in `REGISTRY`.
+Adding a collector: one module with a `COLLECTOR = Registration(...)`, one line in `REGISTRY`, and (when it
+reads a new background signal) that signal's field in `runtime.Runtime`, made in `app.build`.
 """
 
 from __future__ import annotations
@@ -26,10 +27,10 @@ from stallwatch.collectors import (
     server_info,
     thresholds,
 )
-from stallwatch.collectors.base import Context, MetricSource, Registration
+from stallwatch.collectors.base import MetricSource, Registration
+from stallwatch.collectors.catalog import family
 from stallwatch.config import CollectorSettings, Config
-from stallwatch.discovery.watcher import Watcher
-from stallwatch.metrics import family
+from stallwatch.runtime import Runtime
 from stallwatch.text import printable
 
 log = logging.getLogger(__name__)
@@ -100,15 +101,20 @@ def _printable(metric: Metric) -> Metric:
     return metric
 
 
-def build(config: Config, flags: Mapping[str, bool | None]) -> tuple[StallwatchCollector, Context]:
-    """The root collector over every enabled collector, and the context holding the watcher and the
-    background loops to start. `flags` are the `--[no-]collector.<name>` values (None: the config decides)."""
-    context = Context(config, Watcher(config))
-    context.run(context.watcher)
-    sources: dict[str, MetricSource] = {}
+def enabled(config: Config, flags: Mapping[str, bool | None]) -> dict[str, CollectorSettings]:
+    """The settings of each collector that is on: its `--[no-]collector.<name>` flag, else (None) the config's
+    `<name>.enabled`."""
+    out: dict[str, CollectorSettings] = {}
     for registration in REGISTRY:
         settings = config.collector(registration.name, registration.settings)
         flag = flags.get(registration.name)
         if settings.enabled if flag is None else flag:
-            sources[registration.name] = registration.build(context, settings)
-    return StallwatchCollector(sources), context
+            out[registration.name] = settings
+    return out
+
+
+def build(runtime: Runtime) -> StallwatchCollector:
+    """The root collector over the collectors that are on (`runtime.collectors`), each built from the runtime
+    and its settings."""
+    on = runtime.collectors
+    return StallwatchCollector({r.name: r.build(runtime, on[r.name]) for r in REGISTRY if r.name in on})

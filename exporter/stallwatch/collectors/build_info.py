@@ -8,8 +8,8 @@ from prometheus_client.core import Metric
 
 from stallwatch import __version__
 from stallwatch.collectors.base import Registration
+from stallwatch.collectors.catalog import family
 from stallwatch.config import CollectorSettings
-from stallwatch.metrics import family
 
 
 class BuildInfoCollector:
@@ -19,5 +19,5 @@ class BuildInfoCollector:
         yield build
 
 
-COLLECTOR = Registration("build_info", CollectorSettings, lambda context, _: BuildInfoCollector(),
+COLLECTOR = Registration("build_info", CollectorSettings, lambda runtime, _: BuildInfoCollector(),
                          "stallwatch's own version")

@@ -1,29 +1,26 @@
 """Engine metrics collector: requests running and waiting and tokens generated, as the engine itself reports them
-(`source="metrics"`: its `/metrics` page, fetched in the background by `stallwatch.enginemetrics`; `source="log"`:
+(`source="metrics"`: its `/metrics` page, fetched in the background by `signals.engine_page`; `source="log"`:
 its periodic stats lines, read by the log followers), and whether its page answered."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 from prometheus_client.core import Metric
 
-from stallwatch.collectors.base import Context, Registration
-from stallwatch.config import CollectorSettings
-from stallwatch.config.reader import setting
-from stallwatch.config.values import positive_duration
+from stallwatch.collectors.base import Registration
+from stallwatch.collectors.catalog import family
 from stallwatch.discovery.watcher import Watcher
-from stallwatch.enginemetrics import EngineMetricsManager
 from stallwatch.engines.base import Figures
-from stallwatch.metrics import family
+from stallwatch.runtime import required
+from stallwatch.signals.engine_page import EngineMetricsSettings, EnginePageManager
 
 FIGURES = ("engine_requests_running", "engine_requests_waiting", "engine_generated_tokens_total",
            "engine_stats_timestamp_seconds")
 
 
 class EngineMetricsCollector:
-    def __init__(self, manager: EngineMetricsManager, watcher: Watcher) -> None:
+    def __init__(self, manager: EnginePageManager, watcher: Watcher) -> None:
         self.manager, self.watcher = manager, watcher
 
     def collect(self) -> Iterator[Metric]:
@@ -46,17 +43,7 @@ def _add(families: list[Metric], labels: list[str], figures: Figures) -> None:
         metric.add_metric(labels, value)
 
 
-@dataclass(frozen=True)
-class EngineMetricsSettings(CollectorSettings):
-    interval: float = setting(positive_duration, 10.0)  # between fetches of one server's page
-    timeout: float = setting(positive_duration, 5.0)  # one deadline for each fetch
-
-
-def _build(context: Context, settings: EngineMetricsSettings) -> EngineMetricsCollector:
-    manager = context.share(EngineMetricsManager(settings.interval, settings.timeout))
-    context.watcher.on_change(manager.reconcile)
-    return EngineMetricsCollector(manager, context.watcher)
-
-
-COLLECTOR = Registration("engine_metrics", EngineMetricsSettings, _build,
-                         "each engine's own requests and generated tokens, from its /metrics page or stats lines")
+COLLECTOR = Registration(
+    "engine_metrics", EngineMetricsSettings,
+    lambda runtime, _: EngineMetricsCollector(required(runtime.engine_pages, "engine_metrics"), runtime.watcher),
+    "each engine's own requests and generated tokens, from its /metrics page or stats lines")

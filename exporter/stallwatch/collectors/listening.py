@@ -9,9 +9,9 @@ from collections.abc import Iterator
 from prometheus_client.core import Metric
 
 from stallwatch.collectors.base import Registration
+from stallwatch.collectors.catalog import family
 from stallwatch.config import CollectorSettings
 from stallwatch.discovery.watcher import Watcher
-from stallwatch.metrics import family
 
 
 class ListeningCollector:
@@ -28,5 +28,5 @@ class ListeningCollector:
         yield metric
 
 
-COLLECTOR = Registration("listening", CollectorSettings, lambda context, _: ListeningCollector(context.watcher),
+COLLECTOR = Registration("listening", CollectorSettings, lambda runtime, _: ListeningCollector(runtime.watcher),
                          "whether each server's port listens, in its own network namespace")

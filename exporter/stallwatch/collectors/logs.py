@@ -4,17 +4,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 
 from prometheus_client.core import Metric
 
 from stallwatch.collectors.base import Registration
-from stallwatch.config import CollectorSettings
-from stallwatch.config.reader import setting
-from stallwatch.config.values import positive_duration
+from stallwatch.collectors.catalog import family
 from stallwatch.discovery.watcher import Watcher
-from stallwatch.logfollow import LogManager
-from stallwatch.metrics import family
+from stallwatch.runtime import required
+from stallwatch.signals.logs import LogManager, LogsSettings
 
 
 class LogsCollector:
@@ -47,12 +44,6 @@ class LogsCollector:
         yield from (up, size, read, lines, last, age, events, progress)
 
 
-@dataclass(frozen=True)
-class LogsSettings(CollectorSettings):
-    poll_interval: float = setting(positive_duration, 1.0)  # the floor under inotify wake-ups
-
-
 COLLECTOR = Registration(
-    "logs", LogsSettings, lambda context, settings: LogsCollector(
-        context.run(LogManager(context.watcher, settings.poll_interval)), context.watcher),
+    "logs", LogsSettings, lambda runtime, _: LogsCollector(required(runtime.logs, "logs"), runtime.watcher),
     "log growth, lines and notable events of each server")

@@ -7,10 +7,10 @@ from collections.abc import Iterator
 from prometheus_client.core import Metric
 
 from stallwatch.collectors.base import Registration
+from stallwatch.collectors.catalog import family
 from stallwatch.config import CollectorSettings
 from stallwatch.discovery.watcher import Watcher
 from stallwatch.engines.base import PHASES
-from stallwatch.metrics import family
 
 
 class PhaseCollector:
@@ -31,5 +31,5 @@ class PhaseCollector:
         yield from (phase_family, since_family, loaded, expected)
 
 
-COLLECTOR = Registration("phase", CollectorSettings, lambda context, _: PhaseCollector(context.watcher),
+COLLECTOR = Registration("phase", CollectorSettings, lambda runtime, _: PhaseCollector(runtime.watcher),
                          "startup phase of each server and its weight shard progress")

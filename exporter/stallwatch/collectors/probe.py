@@ -1,18 +1,15 @@
-"""Probe collector: results of the HTTP probes that `stallwatch.prober` runs in the background."""
+"""Probe collector: results of the HTTP probes that `signals.probes` runs in the background."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 from prometheus_client.core import Metric
 
-from stallwatch.collectors.base import Context, Registration
-from stallwatch.config import CollectorSettings
-from stallwatch.config.reader import setting
-from stallwatch.config.values import boolean
-from stallwatch.metrics import family
-from stallwatch.prober import REASONS, ProbeManager
+from stallwatch.collectors.base import Registration
+from stallwatch.collectors.catalog import family
+from stallwatch.runtime import required
+from stallwatch.signals.probes import REASONS, ProbeManager, ProbeSettings
 
 
 class ProbeCollector:
@@ -38,16 +35,5 @@ class ProbeCollector:
         yield from (success, duration, status, last, failures)
 
 
-@dataclass(frozen=True)
-class ProbeSettings(CollectorSettings):
-    # Probe a server that listens on loopback only in its own network namespace from inside it (setns).
-    enter_netns: bool = setting(boolean, False)
-
-
-def _build(context: Context, settings: ProbeSettings) -> ProbeCollector:
-    probes = context.share(ProbeManager(context.config.paths.procfs, settings.enter_netns))
-    context.watcher.on_change(probes.reconcile)
-    return ProbeCollector(probes)
-
-
-COLLECTOR = Registration("probe", ProbeSettings, _build, "HTTP health probes of each server, in the background")
+COLLECTOR = Registration("probe", ProbeSettings, lambda runtime, _: ProbeCollector(required(runtime.probes, "probe")),
+                         "HTTP health probes of each server, in the background")

@@ -8,10 +8,10 @@ from collections.abc import Iterator
 from prometheus_client.core import Metric
 
 from stallwatch.collectors.base import Registration
+from stallwatch.collectors.catalog import family
 from stallwatch.config import CollectorSettings
 from stallwatch.discovery.processes import STATES
 from stallwatch.discovery.watcher import Watcher
-from stallwatch.metrics import family
 
 
 class ProcessCollector:
@@ -48,5 +48,5 @@ class ProcessCollector:
         yield from (up, start, states, cpu, rss, threads)
 
 
-COLLECTOR = Registration("process", CollectorSettings, lambda context, _: ProcessCollector(context.watcher),
+COLLECTOR = Registration("process", CollectorSettings, lambda runtime, _: ProcessCollector(runtime.watcher),
                          "each server's process tree by role: CPU, memory, threads, states")

@@ -9,9 +9,9 @@ from collections.abc import Iterator
 from prometheus_client.core import Metric
 
 from stallwatch.collectors.base import Registration
+from stallwatch.collectors.catalog import family
 from stallwatch.config import CollectorSettings
 from stallwatch.discovery.watcher import Watcher
-from stallwatch.metrics import family
 
 
 class ServerInfoCollector:
@@ -28,5 +28,5 @@ class ServerInfoCollector:
         yield info
 
 
-COLLECTOR = Registration("server_info", CollectorSettings, lambda context, _: ServerInfoCollector(context.watcher),
+COLLECTOR = Registration("server_info", CollectorSettings, lambda runtime, _: ServerInfoCollector(runtime.watcher),
                          "what each server is and where it runs (pod, container, unit)")

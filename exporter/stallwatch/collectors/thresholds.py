@@ -7,9 +7,9 @@ from collections.abc import Iterator
 from prometheus_client.core import Metric
 
 from stallwatch.collectors.base import Registration
+from stallwatch.collectors.catalog import family
 from stallwatch.config import CollectorSettings
 from stallwatch.discovery.watcher import Watcher
-from stallwatch.metrics import family
 
 
 class ThresholdsCollector:
@@ -25,5 +25,5 @@ class ThresholdsCollector:
         yield from (memory, stale)
 
 
-COLLECTOR = Registration("thresholds", CollectorSettings, lambda context, _: ThresholdsCollector(context.watcher),
+COLLECTOR = Registration("thresholds", CollectorSettings, lambda runtime, _: ThresholdsCollector(runtime.watcher),
                          "each server's stall thresholds from config")

@@ -2,8 +2,9 @@
 
 The keys, their meaning and their checks follow exporter-toolkit's `docs/web-configuration.md`,
 `web/tls_config.go` (`getTLSConfig`, `ConfigToTLSConfig`, paths relative to the file's directory) and
-`web/handler.go` (`extraHTTPHeaders`, `validateUsers`, the bcrypt cache and the one-bcrypt-at-a-time mutex).
-Errors read `file:line: key: reason` through the main config's reader (`stallwatch.config.Reader`), exit 2.
+`web/handler.go` (`extraHTTPHeaders`, `validateUsers`). Errors read `file:line: key: reason` through the main
+config's reader (`config.reader.Reader`), exit 2. What serves it: `web.tls` (the reloading context) and
+`web.auth` (the bcrypt checks, their cache and the one-bcrypt-at-a-time mutex).
 
 Python's `ssl` module cannot accept a client certificate without verifying it, so `RequireAnyClientCert` is
 refused with that reason, and `RequestClientCert` does not ask for a certificate (stallwatch does not use
@@ -12,26 +13,17 @@ one, so what it lets in is the same as Go's: any client).
 
 from __future__ import annotations
 
-import base64
-import binascii
-import hashlib
-import logging
 import os
 import re
 import ssl
-import threading
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import bcrypt
 import yaml
 
 from stallwatch.config.reader import Reader, compose, read_text
 from stallwatch.config.values import boolean, choice
-
-log = logging.getLogger(__name__)
 
 CLIENT_AUTH_TYPES = ("NoClientCert", "RequestClientCert", "RequireAnyClientCert", "VerifyClientCertIfGiven",
                      "RequireAndVerifyClientCert")
@@ -53,8 +45,6 @@ UNSUPPORTED = {"cert": "inline certificates are not supported; use cert_file",
                "curve_preferences": "not supported", "prefer_server_cipher_suites": "not supported",
                "client_allowed_sans": "not supported", "rate_limit": "not supported"}
 BCRYPT_HASH = re.compile(r"^\$2[abxy]?\$(0[4-9]|[12]\d|3[01])\$[./A-Za-z0-9]{53}$")
-# bcrypt of "fakepassword", as exporter-toolkit: unknown users cost one bcrypt too (no user enumeration by timing).
-DECOY_HASH = b"$2y$10$QOauhQNbBCuQDKes6eFzPeMqBSjb7Mr5DUmpZ/VcEd00UAV/LDeSi"
 
 
 def _text(value: Any) -> str:
@@ -228,117 +218,3 @@ def build_context(tls: TLSServerConfig) -> ssl.SSLContext:
     context.verify_mode = {"VerifyClientCertIfGiven": ssl.CERT_OPTIONAL,
                            "RequireAndVerifyClientCert": ssl.CERT_REQUIRED}.get(tls.client_auth_type, ssl.CERT_NONE)
     return context
-
-
-def _mtimes(paths: tuple[str, ...]) -> tuple[tuple[int, int, int], ...]:
-    out = []
-    for path in paths:
-        try:
-            st = os.stat(path)
-            out.append((st.st_mtime_ns, st.st_size, st.st_ino))
-        except OSError:
-            out.append((0, 0, 0))
-    return tuple(out)
-
-
-class TLSReloader:
-    """The server's TLS context, rebuilt when the certificate, key or CA file changes (checked at most once a
-    second, on new connections), as exporter-toolkit re-reads them per handshake (`GetConfigForClient`).
-    A broken new file keeps the last good context and logs why (the toolkit fails the handshake instead)."""
-
-    def __init__(self, tls: TLSServerConfig, check_interval: float = 1.0) -> None:
-        self.tls = tls
-        self.check_interval = check_interval
-        self._lock = threading.Lock()
-        self._stamp = _mtimes(tls.files())
-        self._context = build_context(tls)
-        self._checked = time.monotonic()
-        self._reported: str | None = None
-
-    def context(self) -> ssl.SSLContext:
-        with self._lock:
-            now = time.monotonic()
-            if now - self._checked >= self.check_interval:
-                self._checked = now
-                self._maybe_reload()
-            return self._context
-
-    def _maybe_reload(self) -> None:
-        stamp = _mtimes(self.tls.files())
-        if stamp == self._stamp:
-            return
-        try:
-            self._context = build_context(self.tls)
-        except (OSError, ssl.SSLError, ValueError) as exc:
-            if self._reported != str(exc):
-                log.error("TLS files changed but cannot be loaded, keeping the previous ones: %s", exc)
-                self._reported = str(exc)
-            return
-        self._stamp, self._reported = stamp, None
-        log.info("TLS certificate reloaded from %s", self.tls.cert_file)
-
-
-class BasicAuth:
-    """Checks `Authorization: Basic` against bcrypt hashes as exporter-toolkit's `webHandler.ServeHTTP`: unknown
-    users cost a bcrypt of a decoy hash, one bcrypt runs at a time (it is slow on purpose: a flood of guesses
-    takes one core, not all), and results are cached briefly (keyed by a hash of user, hash and password, never
-    the password itself) so that a scraper's repeated requests do not pay bcrypt every time."""
-
-    def __init__(self, users: Mapping[str, bytes], ttl: float = 60.0, size: int = 100) -> None:
-        self.users = dict(users)
-        self.ttl = ttl
-        self.size = size
-        self._cache: dict[bytes, tuple[bool, float]] = {}
-        self._cache_lock = threading.Lock()
-        self._bcrypt_lock = threading.Lock()
-
-    def check(self, authorization: str | None) -> bool:
-        credentials = _basic_credentials(authorization)
-        if credentials is None:
-            return False
-        user, password = credentials
-        digest = self.users.get(user)
-        key = hashlib.sha256(b"\0".join((user.encode(), digest or DECOY_HASH, password))).digest()
-        cached = self._cached(key)
-        if cached is not None:
-            return cached
-        with self._bcrypt_lock:
-            try:
-                ok = bcrypt.checkpw(password, digest or DECOY_HASH) and digest is not None
-            except ValueError:  # over bcrypt's 72 bytes: Go's bcrypt refuses those too (ErrPasswordTooLong)
-                ok = False
-        self._remember(key, ok)
-        return ok
-
-    def _cached(self, key: bytes) -> bool | None:
-        with self._cache_lock:
-            entry = self._cache.get(key)
-            if entry is None or entry[1] < time.monotonic():
-                return None
-            return entry[0]
-
-    def _remember(self, key: bytes, ok: bool) -> None:
-        with self._cache_lock:
-            if len(self._cache) >= self.size:  # drop expired entries first, else the oldest
-                now = time.monotonic()
-                self._cache = {k: v for k, v in self._cache.items() if v[1] >= now}
-                while len(self._cache) >= self.size:
-                    self._cache.pop(next(iter(self._cache)))
-            self._cache[key] = (ok, time.monotonic() + self.ttl)
-
-
-def _basic_credentials(authorization: str | None) -> tuple[str, bytes] | None:
-    if not authorization:
-        return None
-    scheme, _, encoded = authorization.strip().partition(" ")
-    if scheme.lower() != "basic":
-        return None
-    try:
-        decoded = base64.b64decode(encoded.strip(), validate=True)
-    except (binascii.Error, ValueError):
-        return None
-    user, sep, password = decoded.partition(b":")
-    if not sep:
-        return None
-    return user.decode("utf-8", "surrogateescape"), password
-

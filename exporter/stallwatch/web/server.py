@@ -192,7 +192,7 @@ def connection_cap(wanted: int, reserve: int = 64) -> int:
     return max(8, min(wanted, soft - reserve, soft * 3 // 4))
 
 
-class Server:
+class HttpServer:
     def __init__(self, handler: Handler, host: str, port: int, limits: Limits | None = None,
                  tls: Callable[[], ssl.SSLContext] | None = None) -> None:
         limits = limits or Limits()

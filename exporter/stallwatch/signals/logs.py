@@ -19,11 +19,15 @@ from dataclasses import dataclass
 from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers import Observer
 
+from stallwatch.config import CollectorSettings
+from stallwatch.config.reader import setting
+from stallwatch.config.values import positive_duration
 from stallwatch.discovery.watcher import Watcher
 from stallwatch.discovery.workload import LogSource
 from stallwatch.logs.formats import decoder_for
 from stallwatch.logs.interpret import LogInterpreter
 from stallwatch.logs.journal import JournalReader
+from stallwatch.loops import run_every
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +39,14 @@ MIN_POLL_GAP = 0.05
 
 
 @dataclass(frozen=True)
-class LogStats:
+class LogsSettings(CollectorSettings):
+    """The `logs:` section."""
+
+    poll_interval: float = setting(positive_duration, 1.0)  # the floor under inotify wake-ups
+
+
+@dataclass(frozen=True)
+class FileStats:
     server: str
     path: str
     up: bool
@@ -57,8 +68,8 @@ class _Log:
         self.lines = 0
         self.last_growth: float | None = None
 
-    def stats(self) -> LogStats:
-        return LogStats(self.server, self.path, self.up, self.size, self.read_bytes, self.lines, self.last_growth)
+    def stats(self) -> FileStats:
+        return FileStats(self.server, self.path, self.up, self.size, self.read_bytes, self.lines, self.last_growth)
 
     def mark_down(self, exc: Exception) -> None:
         self.up = False
@@ -326,7 +337,7 @@ class LogManager:
         self._observer: Observer | None = None
         self._watched: dict[str, object] = {}
 
-    def stats(self) -> list[LogStats]:
+    def stats(self) -> list[FileStats]:
         with self._lock:
             return [f.stats() for f in self._files.values()]
 
@@ -404,8 +415,8 @@ class LogManager:
         except OSError as exc:
             log.warning("inotify unavailable (%s); polling logs every %.1fs", exc, self.poll_interval)
         self._heartbeat = time.monotonic()
-        self._thread = threading.Thread(target=self._loop, name="logs", daemon=True)
-        self._thread.start()
+        self._thread = run_every(self.poll_interval, self._pass, "log follower", self._stop, wake=self._wake,
+                                 settle=MIN_POLL_GAP)  # one read for a burst of inotify events
 
     def stop(self) -> None:
         self._stop.set()
@@ -413,16 +424,9 @@ class LogManager:
         if self._observer is not None:
             self._observer.stop()
 
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self.poll()
-                self._heartbeat = time.monotonic()
-            except Exception:
-                log.exception("log follower failed")
-            self._wake.wait(self.poll_interval)
-            self._wake.clear()
-            time.sleep(MIN_POLL_GAP)  # coalesce bursts of inotify events into one read
+    def _pass(self) -> None:
+        self.poll()
+        self._heartbeat = time.monotonic()
 
 
 def _expand(sources: tuple[LogSource, ...]) -> list[LogSource]:

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from stallwatch import __version__
-from stallwatch.diagnose import body_sections, describe
-from stallwatch.history import SPAN_SECONDS, Point
-from stallwatch.status import StatusView
+from stallwatch.report.live import StatusView
+from stallwatch.report.render import body_sections, describe
+from stallwatch.signals.history import SPAN_SECONDS, Point
 from stallwatch.text import display
 
 REFRESH_SECONDS = 15

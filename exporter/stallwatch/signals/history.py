@@ -1,33 +1,28 @@
 """The last hour of each watched server, in memory, for its status page: GPU memory held, GPU utilization, log
 lines read, CPU seconds of its processes and tokens generated, sampled every `web.history_interval`.
 
-It reads what the collectors' background parts already keep (NVML, the log followers, the engine metrics loops),
-so a status page needs no Prometheus and adds no load on the engine. A part whose collector is disabled gives
-`None` (unknown) in every point.
+It reads what the other signals already keep (NVML, the log followers, the engine pages), so a status page needs
+no Prometheus and adds no load on the engine. A signal that is off (its collector disabled) gives `None`
+(unknown) in every point.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import logging
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import pynvml
-
-from stallwatch.collectors.base import Context
-from stallwatch.collectors.gpu import Device, read_device, server_memory
 from stallwatch.discovery.processes import ProcessKey
 from stallwatch.discovery.server import Server
-from stallwatch.enginemetrics import EngineMetricsManager
-from stallwatch.logfollow import LogManager
+from stallwatch.discovery.watcher import Watcher
+from stallwatch.engines.base import Figures
 from stallwatch.loops import run_every
-from stallwatch.nvml import Nvml
-
-log = logging.getLogger(__name__)
+from stallwatch.signals.engine_page import EnginePageManager, figures_of
+from stallwatch.signals.logs import LogManager
+from stallwatch.signals.nvml import Device, Nvml, server_memory
 
 SPAN_SECONDS = 3600.0
 CPU_KEEP_SECONDS = 180.0  # per-process CPU totals are only read about a minute back: older points drop them
@@ -46,9 +41,11 @@ class Point:
 class History:
     """One ring of points per server, `span` long; rings of servers no longer watched are dropped."""
 
-    def __init__(self, context: Context, interval: float, span: float = SPAN_SECONDS,
+    def __init__(self, watcher: Watcher, interval: float, *, nvml: Nvml | None = None, logs: LogManager | None = None,
+                 pages: EnginePageManager | None = None, span: float = SPAN_SECONDS,
                  wall: Callable[[], float] = time.time) -> None:
-        self.context, self.interval, self._wall = context, interval, wall
+        self.watcher, self.nvml, self.logs, self.pages = watcher, nvml, logs, pages
+        self.interval, self._wall = interval, wall
         self._size = max(2, int(span / interval) + 1)
         self._cpu_keep = max(CPU_KEEP_SECONDS, 3 * interval)
         self._rings: dict[str, deque[Point]] = {}
@@ -60,12 +57,13 @@ class History:
             return list(self._rings.get(server, ()))
 
     def sample_once(self) -> None:
-        servers = self.context.watcher.servers()
-        devices = self._devices()
+        servers = self.watcher.servers()
+        found = self.nvml.read_devices() if self.nvml is not None else None
+        devices = found.devices if found is not None and found.up else None
         lines = self._log_lines()
-        tokens = self._engine_tokens()
+        pages = {s.server: s for s in self.pages.states()} if self.pages is not None else {}
         now = self._wall()
-        fresh = {s.name: _point(s, now, devices, lines, tokens) for s in servers}
+        fresh = {s.name: _point(s, now, devices, lines, figures_of(s, pages.get(s.name))) for s in servers}
         with self._lock:
             for name in set(self._rings) - set(fresh):
                 del self._rings[name]
@@ -82,34 +80,13 @@ class History:
             if point.cpu:
                 ring[index] = dataclasses.replace(point, cpu={})
 
-    def _devices(self) -> list[Device] | None:
-        nvml = self.context.find(Nvml)
-        if nvml is None or not nvml.available():
-            return None
-        devices = []
-        try:
-            for index in range(pynvml.nvmlDeviceGetCount()):
-                try:
-                    devices.append(read_device(index))
-                except pynvml.NVMLError as exc:
-                    log.debug("GPU %d did not answer: %s", index, exc)  # the gpu collector reports it
-        except pynvml.NVMLError as exc:
-            nvml.lost(exc)
-            return None
-        return devices
-
     def _log_lines(self) -> dict[str, int] | None:
-        logs = self.context.find(LogManager)
-        if logs is None:
+        if self.logs is None:
             return None
         lines: dict[str, int] = {}
-        for stats in logs.stats():
+        for stats in self.logs.stats():
             lines[stats.server] = lines.get(stats.server, 0) + stats.lines
         return lines
-
-    def _engine_tokens(self) -> dict[str, float]:
-        engine = self.context.find(EngineMetricsManager)
-        return {} if engine is None else {s.server: s.figures.tokens for s in engine.states() if s.figures}
 
     def start(self) -> None:
         run_every(self.interval, self.sample_once, "status history sampler", self._stop)
@@ -119,18 +96,16 @@ class History:
 
 
 def _point(server: Server, now: float, devices: list[Device] | None, lines: dict[str, int] | None,
-           tokens: dict[str, float]) -> Point:
+           figures: tuple[str, Figures | None]) -> Point:
     memory = utilization = None
     if devices is not None:
         held = server_memory(server, devices)
         memory = sum(b for _, b in held)
         busy = [d.utilization for d, _ in held if d.utilization is not None]
         utilization = max(busy) if busy else None
-    figures = server.interpreter.figures()
-    engine_tokens = ("metrics", tokens[server.name]) if server.name in tokens else (
-        ("log", figures.tokens) if figures is not None else None)
+    source, found = figures
     return Point(
         at=now, gpu_memory_bytes=memory, gpu_utilization=utilization,
         log_lines=None if lines is None else lines.get(server.name, 0),
         cpu={ProcessKey(s.pid, s.create_time): s.cpu_user + s.cpu_system for s in server.tree()},
-        tokens=engine_tokens)
+        tokens=(source, found.tokens) if found is not None else None)

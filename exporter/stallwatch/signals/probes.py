@@ -17,17 +17,29 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from urllib.parse import urlsplit
 
 from stallwatch import __version__
+from stallwatch.config import CollectorSettings
+from stallwatch.config.reader import setting
+from stallwatch.config.values import boolean
 from stallwatch.discovery import netns
 from stallwatch.discovery.server import ProbeTarget, Server
+from stallwatch.loops import PerServerLoops
 
 log = logging.getLogger(__name__)
 
 REASONS = ("refused", "timeout", "http_status", "error", "unreachable")
 MAX_BODY_BYTES = 64 * 1024
+
+
+@dataclass(frozen=True)
+class ProbeSettings(CollectorSettings):
+    """The `probe:` section."""
+
+    # Probe a server that listens on loopback only in its own network namespace from inside it (setns).
+    enter_netns: bool = setting(boolean, False)
 
 
 @dataclass(frozen=True)
@@ -124,36 +136,46 @@ class ProbeState:
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
 
-class _Loop:
-    def __init__(self, state: ProbeState, target: ProbeTarget, server: Server, procfs: str, enter_netns: bool,
-                 wall: Callable[[], float]) -> None:
-        self.state, self.target, self.server, self._wall = state, target, server, wall
-        self._procfs, self._enter_netns = procfs, enter_netns
-        self.stop = threading.Event()
-        threading.Thread(target=self._run, name=f"probe {target.probe.url}", daemon=True).start()
+class ProbeManager:
+    """Keeps one probe loop per (server, URL); follows the watcher as servers come and go."""
 
-    def _run(self) -> None:
-        spec = self.target.probe
-        while not self.stop.is_set():
-            result, unreachable = self._probe_once()
-            now = self._wall()
-            with self.state.lock:
-                self.state.last, self.state.unreachable = result, unreachable
-                if result is not None and result.success:
-                    self.state.last_success = now
-                else:
-                    self.state.failures[result.reason or "error" if result else "unreachable"] += 1
-            if result is not None and result.success:  # dated when it answered, not at the next scrape
-                self.server.interpreter.probe_succeeded(now)
-            if self.stop.wait(spec.interval):
-                return
+    def __init__(self, procfs: str = "/proc", enter_netns: bool = False, wall: Callable[[], float] = time.time) -> None:
+        self._procfs, self._enter_netns, self._wall = procfs, enter_netns, wall
+        self._loops: PerServerLoops[tuple[str, str], tuple[ProbeTarget, Server], ProbeState] = PerServerLoops(
+            self._step, lambda work: work[0].probe.interval, lambda work: f"probe {work[0].probe.url}",
+            lambda key: ProbeState(*key))
 
-    def _probe_once(self) -> tuple[Result | None, str]:
-        return probe_target(self.target, self.server, self._procfs, self._enter_netns)
+    def reconcile(self, servers: list[Server]) -> None:
+        # Keep the counters when only interval or timeout changed: they must never go back.
+        self._loops.reconcile({(s.name, p.probe.url): (p, s) for s in servers for p in s.launch.probes})
+
+    def probe_now(self, target: ProbeTarget, server: Server) -> tuple[Result | None, str]:
+        """One probe of `target` now, by the prober's rules: the result (None when it cannot be made) and why
+        not. One that answers makes the server `serving`, dated when it answered."""
+        result, unreachable = _probe_target(target, server, self._procfs, self._enter_netns)
+        if result is not None and result.success:
+            server.interpreter.probe_succeeded(self._wall())
+        return result, unreachable
+
+    def _step(self, work: tuple[ProbeTarget, Server], state: ProbeState) -> None:
+        result, unreachable = self.probe_now(*work)
+        with state.lock:
+            state.last, state.unreachable = result, unreachable
+            if result is not None and result.success:
+                state.last_success = self._wall()
+            else:
+                state.failures[result.reason or "error" if result else "unreachable"] += 1
+
+    def states(self) -> list[ProbeState]:
+        out = []
+        for state in self._loops.states():
+            with state.lock:
+                out.append(replace(state, failures=Counter(state.failures), lock=threading.Lock()))
+        return out
 
 
-def probe_target(target: ProbeTarget, server: Server, procfs: str, enter_netns: bool) -> tuple[Result | None, str]:
-    """One probe of `target` now, by the prober's rules: the result (None when it cannot be made) and why not."""
+def _probe_target(target: ProbeTarget, server: Server, procfs: str, enter_netns: bool) -> tuple[Result | None, str]:
+    """One probe of `target` now: the result (None when it cannot be made) and why not."""
     spec, pid = target.probe, target.netns_pid
     if pid is not None and not enter_netns:
         return None, ("listens on loopback only inside its network namespace: start it with --host 0.0.0.0, "
@@ -167,37 +189,3 @@ def probe_target(target: ProbeTarget, server: Server, procfs: str, enter_netns: 
         return netns.run_in_netns(procfs, pid, lambda: probe(spec.url, spec.timeout), spec.timeout + 1), ""
     except OSError as exc:
         return None, f"cannot enter its network namespace: {exc.strerror or exc}"
-
-
-class ProbeManager:
-    """Keeps one probe loop per (server, URL); follows the watcher as servers come and go."""
-
-    def __init__(self, procfs: str = "/proc", enter_netns: bool = False, wall: Callable[[], float] = time.time) -> None:
-        self._procfs, self._enter_netns, self._wall = procfs, enter_netns, wall
-        self._lock = threading.Lock()
-        self._loops: dict[tuple[str, str], _Loop] = {}
-
-    def reconcile(self, servers: list[Server]) -> None:
-        wanted = {(s.name, p.probe.url): (p, s) for s in servers for p in s.launch.probes}
-        with self._lock:
-            for key in set(self._loops) - set(wanted):
-                self._loops.pop(key).stop.set()
-            for key, (target, server) in wanted.items():
-                loop = self._loops.get(key)
-                if loop is not None and loop.target == target and loop.server is server:
-                    continue
-                if loop is not None:
-                    loop.stop.set()
-                # Keep the counters when only interval or timeout changed: they must never go back.
-                state = loop.state if loop is not None else ProbeState(*key)
-                self._loops[key] = _Loop(state, target, server, self._procfs, self._enter_netns, self._wall)
-
-    def states(self) -> list[ProbeState]:
-        out = []
-        with self._lock:
-            loops = list(self._loops.values())
-        for loop in loops:
-            with loop.state.lock:
-                out.append(ProbeState(loop.state.server, loop.state.url, loop.state.last,
-                                      loop.state.last_success, Counter(loop.state.failures), loop.state.unreachable))
-        return out

@@ -1,0 +1,86 @@
+"""The one composition root: the watcher and every background signal, built once from the config and the
+`--[no-]collector.*` flags (`build`), or for one look (`oneshot`); and what serves them over HTTP (`serve`).
+
+Wiring a new background signal: its module under `signals/` (a class with `start`/`stop`, or `reconcile` to follow
+the watcher), its field in `runtime.Runtime`, one line here that makes it (from its settings, when its collector is
+on), and the collector or report that reads it from the runtime.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import TypeVar
+
+from prometheus_client import CollectorRegistry
+
+from stallwatch import collectors
+from stallwatch.config import CollectorSettings, Config
+from stallwatch.config.web import WebConfig
+from stallwatch.discovery.watcher import Watcher
+from stallwatch.report.live import StatusPages
+from stallwatch.runtime import Runtime
+from stallwatch.signals.engine_page import EngineMetricsSettings, EnginePageManager
+from stallwatch.signals.history import History
+from stallwatch.signals.logs import LogManager, LogsSettings
+from stallwatch.signals.nvml import GpuSettings, Nvml
+from stallwatch.signals.probes import ProbeManager, ProbeSettings
+from stallwatch.web import routes
+from stallwatch.web.server import HttpServer
+
+S = TypeVar("S", bound=CollectorSettings)
+
+
+def build(config: Config, flags: Mapping[str, bool | None]) -> Runtime:
+    """The exporter's runtime: a signal for each collector that is on (`flags`: the `--[no-]collector.<name>`
+    values, None where the config decides), the probes and engine pages following the watcher, and the history
+    behind the status pages. Nothing is started yet (`Runtime.start`)."""
+    on = collectors.enabled(config, flags)
+    watcher = Watcher(config)
+    gpu, probe = _section(on, "gpu", GpuSettings), _section(on, "probe", ProbeSettings)
+    pages, logs = _section(on, "engine_metrics", EngineMetricsSettings), _section(on, "logs", LogsSettings)
+    runtime = Runtime(
+        config, watcher,
+        nvml=Nvml(gpu.sample_interval) if gpu else None,
+        probes=ProbeManager(config.paths.procfs, probe.enter_netns) if probe else None,
+        engine_pages=EnginePageManager(pages.interval, pages.timeout) if pages else None,
+        logs=LogManager(watcher, logs.poll_interval) if logs else None,
+        collectors=on)
+    for follower in (runtime.probes, runtime.engine_pages):
+        if follower is not None:
+            watcher.on_change(follower.reconcile)
+    history = History(watcher, config.web.history_interval, nvml=runtime.nvml, logs=runtime.logs,
+                      pages=runtime.engine_pages)
+    return dataclasses.replace(runtime, history=history)
+
+
+def oneshot(config: Config) -> Runtime:
+    """For `stallwatch diagnose`: every signal of the same config whatever is on, none started or following the
+    watcher; the log replay counts the events of the current launch, and the evidence is kept (the reader is the
+    node's admin)."""
+    config = dataclasses.replace(config, web=dataclasses.replace(config.web, show_evidence=True))
+    watcher = Watcher(config)
+    pages = config.collector("engine_metrics", EngineMetricsSettings)
+    return Runtime(
+        config, watcher,
+        nvml=Nvml(config.collector("gpu", GpuSettings).sample_interval),
+        probes=ProbeManager(config.paths.procfs, config.collector("probe", ProbeSettings).enter_netns),
+        engine_pages=EnginePageManager(pages.interval, pages.timeout),
+        logs=LogManager(watcher, config.collector("logs", LogsSettings).poll_interval, replay_events=True))
+
+
+def serve(runtime: Runtime, host: str, port: int, telemetry_path: str, web_config: WebConfig | None) -> HttpServer:
+    """Listen (OSError when it cannot), then start the runtime's loops: the root collector over the collectors
+    that are on, the status pages, and the routes behind the web config."""
+    registry = CollectorRegistry()
+    registry.register(collectors.build(runtime))
+    app = routes.make_app(registry, runtime.watcher, telemetry_path, web_config, StatusPages(runtime))
+    httpd, _ = routes.serve(app, host, port, web_config)
+    runtime.start()
+    return httpd
+
+
+def _section(on: Mapping[str, CollectorSettings], name: str, kind: type[S]) -> S | None:
+    """The settings of collector `name` when it is on."""
+    found = on.get(name)
+    return found if isinstance(found, kind) else None

@@ -1,0 +1,93 @@
+"""The report behind each server's status page, from what the running exporter already keeps: the same report as
+`stallwatch diagnose` (`observe.assemble`), with CPU seconds and tokens over the last minute of the history ring,
+the background prober's last results and the engine page loop's last figures, so a page view sends nothing to the
+server. Log lines and Python stacks are gathered only with `web.show_evidence`; stacks at most every
+STACK_TTL_SECONDS per server, one `py-spy` run at a time.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from stallwatch.discovery.server import Server
+from stallwatch.report.model import Observation, ProbeInfo, ProcessInfo, ServerReport, StackGroup
+from stallwatch.report.observe import assemble, engine_info, gpu_section, port_info, probe_info, processes_since
+from stallwatch.report.stacks import stacks
+from stallwatch.runtime import Runtime
+from stallwatch.signals.engine_page import figures_of
+from stallwatch.signals.history import Point
+from stallwatch.text import display
+
+WINDOW_SECONDS = 60.0  # CPU seconds and tokens are reported over about the last minute
+STACK_TTL_SECONDS = 30.0
+
+
+@dataclass
+class StatusView:
+    report: ServerReport
+    points: list[Point]
+    evidence: bool
+
+
+class StatusPages:
+    """Builds a `StatusView` of a watched server on request. With evidence on, each server keeps its log's tail
+    (`Server.tail`) and the page runs `py-spy`."""
+
+    def __init__(self, runtime: Runtime, wall: Callable[[], float] = time.time) -> None:
+        self.runtime, self._wall = runtime, wall
+        self.evidence = runtime.config.web.show_evidence
+        self._stacks: dict[str, tuple[float, list[StackGroup]]] = {}
+        self._stack_lock = threading.Lock()
+
+    def find(self, name: str) -> Server | None:
+        """The server of that name; a name from an alert's label may be the printable form of the real one."""
+        servers = self.runtime.watcher.servers()
+        return next((s for s in servers if s.name == name), None) or next(
+            (s for s in servers if display(s.name) == name), None)
+
+    def view(self, server: Server) -> StatusView:
+        runtime = self.runtime
+        points = runtime.history.points(server.name) if runtime.history is not None else []
+        now = self._wall()
+        page = runtime.engine_pages.state(server) if runtime.engine_pages is not None else None
+        source, figures = figures_of(server, page)
+        # One window for CPU and tokens: from a point whose tokens came the way they come now, where there is one
+        # (the engine's page answers a few seconds after the first points were taken).
+        same_source = [p for p in points if figures is not None and p.tokens and p.tokens[0] == source]
+        start = window_start(same_source or points, now)
+        processes = processes_since(server, start.cpu if start is not None else {}, runtime.config.paths.procfs)
+        made = None
+        if figures is not None and start is not None and start.tokens is not None and start.tokens[0] == source:
+            made = figures.tokens - start.tokens[1]
+        seen = Observation(
+            window=now - start.at if start is not None else 0.0,
+            processes=processes,
+            stacks=self._stacks_of(server, processes) if self.evidence else [],
+            port=port_info(server.launch, self._probes(server)),
+            engine=engine_info((source, figures), made, page.error if page is not None else ""),
+            gpu=gpu_section(server, runtime.nvml),
+            log_lines=server.tail.lines() if self.evidence and server.tail is not None else [],
+        )
+        return StatusView(assemble(server, seen), points, self.evidence)
+
+    def _stacks_of(self, server: Server, processes: list[ProcessInfo]) -> list[StackGroup]:
+        with self._stack_lock:  # one py-spy round at a time: a page reload cannot pile them up
+            taken, groups = self._stacks.get(server.name, (float("-inf"), []))
+            if time.monotonic() - taken >= STACK_TTL_SECONDS:
+                groups = stacks(processes)
+                self._stacks[server.name] = (time.monotonic(), groups)
+            return groups
+
+    def _probes(self, server: Server) -> list[ProbeInfo]:
+        prober = self.runtime.probes
+        return [probe_info(state.url, state.last, state.unreachable or "not made yet")
+                for state in (prober.states() if prober is not None else []) if state.server == server.name]
+
+
+def window_start(points: list[Point], now: float) -> Point | None:
+    """The newest point at least WINDOW_SECONDS old, else the oldest there is."""
+    older = [p for p in points if now - p.at >= WINDOW_SECONDS]
+    return older[-1] if older else (points[0] if points else None)

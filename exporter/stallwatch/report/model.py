@@ -1,0 +1,168 @@
+"""The report on a server: its sections as dataclasses (`stallwatch diagnose --json` writes them as they are,
+checked against `diagnose.schema.json`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+SCHEMA = Path(__file__).parent / "diagnose.schema.json"
+
+
+@dataclass
+class Identity:
+    engine: str
+    model: str
+    tensor_parallel: str
+    runtime: str
+    namespace: str
+    pod: str
+    container: str
+    unit: str
+    pid: int | None
+    port: int | None
+
+
+@dataclass
+class PhaseInfo:
+    phase: str
+    since: float
+    seconds: float
+    quiet_seconds: float  # since the last log line that is not a heartbeat (else since the phase began)
+    timeline: list[str]
+    timeline_note: str
+    shards_loaded: int | None
+    shards_expected: int | None
+
+
+@dataclass
+class GpuInfo:
+    index: str
+    uuid: str
+    name: str
+    memory_used_bytes: float
+    memory_total_bytes: float
+    server_memory_bytes: float | None  # held by this server; None: not one of its GPUs
+    utilization: float | None
+    busy_ratio: float | None  # mean utilization over NVML's buffer of recent samples (the last minutes at most)
+    busy_window_seconds: float  # the span of those samples
+
+
+@dataclass
+class GpuSection:
+    nvml_up: bool
+    error: str
+    gpus: list[GpuInfo] = field(default_factory=list)
+
+
+@dataclass
+class ProcessInfo:
+    pid: int
+    role: str
+    state: str
+    cpu_seconds: float  # over the sample window
+    wchan: str  # the kernel wait channel of a process in D state
+
+
+@dataclass
+class Frame:
+    function: str
+    location: str
+    wait: bool
+
+
+@dataclass
+class ThreadStack:
+    name: str
+    status: str
+    frames: list[Frame]
+
+
+@dataclass
+class StackGroup:
+    """Processes whose stacks are identical (TP ranks), printed once."""
+
+    roles: list[str]
+    pids: list[int]
+    threads: list[ThreadStack]
+    error: str  # why py-spy gave no stack
+
+
+@dataclass
+class ProbeInfo:
+    url: str
+    success: bool | None  # None: not made
+    status: int
+    reason: str
+    duration_seconds: float
+
+
+@dataclass
+class PortInfo:
+    port: int | None
+    listening: bool | None
+    addresses: list[str]
+    probes: list[ProbeInfo]
+
+
+@dataclass
+class EngineInfo:
+    source: str  # metrics | log | "" (none)
+    running: float | None
+    waiting: float | None
+    tokens: float | None
+    tokens_in_window: float | None  # generated during the sample window; None when not measured
+    error: str
+
+
+@dataclass
+class LogInfo:
+    sources: list[str]
+    lines: list[str]
+    events: dict[str, int]
+
+
+@dataclass
+class Verdict:
+    status: str  # healthy | starting | stalled | failed | down
+    text: str
+
+
+@dataclass
+class ServerReport:
+    name: str
+    identity: Identity
+    phase: PhaseInfo
+    gpu: GpuSection
+    window_seconds: float
+    processes: list[ProcessInfo]
+    stacks: list[StackGroup]
+    port: PortInfo
+    engine_figures: EngineInfo
+    log: LogInfo
+    verdict: Verdict
+
+
+@dataclass
+class Report:
+    version: str
+    generated_at: float
+    servers: list[ServerReport]
+
+    @property
+    def exit_code(self) -> int:
+        return 1 if any(s.verdict.status in ("stalled", "failed", "down") for s in self.servers) else 0
+
+
+@dataclass
+class Observation:
+    """What was seen of a server: by diagnose's own look over a short window (`oneshot`), or from the exporter's
+    running state (`live`). Log lines and stacks are empty where they are not to be shown."""
+
+    window: float
+    processes: list[ProcessInfo]
+    stacks: list[StackGroup]
+    port: PortInfo
+    engine: EngineInfo
+    gpu: GpuSection
+    log_lines: list[str]

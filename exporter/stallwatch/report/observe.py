@@ -1,0 +1,130 @@
+"""What is seen of a server, shared by the one-shot report (`oneshot`) and the live one (`live`): its identity,
+phase, GPUs, processes with their CPU over a window, port and probes, and the engine's figures; and the report
+assembled from what was seen, with its verdict."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+from stallwatch.discovery.server import Launch, Server
+from stallwatch.discovery.watcher import Watcher
+from stallwatch.engines.base import Figures
+from stallwatch.report.model import (
+    EngineInfo,
+    GpuInfo,
+    GpuSection,
+    Identity,
+    LogInfo,
+    Observation,
+    PhaseInfo,
+    PortInfo,
+    ProbeInfo,
+    ProcessInfo,
+    ServerReport,
+    Verdict,
+)
+from stallwatch.report.verdict import verdict
+from stallwatch.signals.nvml import Nvml, recent_busy, server_memory
+from stallwatch.signals.probes import Result
+
+
+class UnknownServer(LookupError):
+    """The name given is not a watched server."""
+
+
+def select(watcher: Watcher, name: str | None) -> list[Server]:
+    """Every watched server by name, or the one named."""
+    servers = sorted(watcher.servers(), key=lambda s: s.name)
+    if name is None:
+        return servers
+    chosen = [s for s in servers if s.name == name]
+    if not chosen:
+        known = ", ".join(s.name for s in servers) or "none"
+        raise UnknownServer(f"no watched server named {name!r} (watched: {known})")
+    return chosen
+
+
+def assemble(server: Server, seen: Observation) -> ServerReport:
+    """The report on `server` from what was seen of it, with the verdict."""
+    events = {event: count for event, count in sorted(server.interpreter.snapshot().events.items()) if count}
+    report = ServerReport(
+        name=server.name, identity=identity(server.launch, server), phase=phase_info(server), gpu=seen.gpu,
+        window_seconds=seen.window, processes=seen.processes, stacks=seen.stacks, port=seen.port,
+        engine_figures=seen.engine,
+        log=LogInfo([source.path for source in server.launch.log_sources], seen.log_lines, events),
+        verdict=Verdict("", ""))
+    report.verdict = verdict(report, server.spec.stall.gpu_memory_bytes, server.spec.stall.log_stale)
+    return report
+
+
+def identity(launch: Launch, server: Server) -> Identity:
+    w = launch.workload
+    return Identity(server.engine.name, launch.model, launch.tensor_parallel, w.runtime, w.namespace, w.pod,
+                    w.container, w.unit, launch.pid, launch.port)
+
+
+def phase_info(server: Server) -> PhaseInfo:
+    snap = server.interpreter.snapshot()
+    now = time.time()
+    progress = server.interpreter.progress()
+    return PhaseInfo(
+        phase=snap.phase, since=snap.since, seconds=max(0.0, now - snap.since),
+        quiet_seconds=max(0.0, now - (progress if progress is not None else snap.since)),
+        timeline=server.interpreter.timeline(),
+        timeline_note="phases of the current launch in order, from the log replay; their times are not in the log "
+                      "tail (the exporter's state timeline panel has them)",
+        shards_loaded=snap.shards_loaded, shards_expected=snap.shards_expected)
+
+
+def gpu_section(server: Server, nvml: Nvml | None) -> GpuSection:
+    """The GPUs now, each with what the server holds on it; None `nvml`: the gpu collector is off (and NVML is
+    left alone)."""
+    if nvml is None:
+        return GpuSection(False, "the gpu collector is disabled")
+    found = nvml.read_devices()
+    if not found.up:
+        return GpuSection(False, found.error)
+    held = {device.index: memory for device, memory in server_memory(server, found.devices)}
+    gpus = [GpuInfo(d.index, d.uuid, d.name, d.used, d.total, held.get(d.index), d.utilization, *recent_busy(d))
+            for d in found.devices]
+    errors = [f"GPU {f.index} did not answer: {type(f.error).__name__}" for f in found.failed]
+    return GpuSection(True, "; ".join(errors), gpus)
+
+
+def processes_since(server: Server, earlier: Mapping[tuple[int, float], float], procfs: str) -> list[ProcessInfo]:
+    """The tree now, with the CPU seconds each process used since `earlier` (its totals by pid and start time)."""
+    out = []
+    for s in server.tree():
+        used = s.cpu_user + s.cpu_system - earlier.get((s.pid, s.create_time), s.cpu_user + s.cpu_system)
+        out.append(ProcessInfo(s.pid, s.role, s.state, max(0.0, used), _wchan(procfs, s.pid) if s.state == "D" else ""))
+    return out
+
+
+def _wchan(procfs: str, pid: int) -> str:
+    try:
+        return Path(procfs, str(pid), "wchan").read_text().strip() or "?"
+    except OSError as exc:
+        return f"unreadable: {exc.strerror}"
+
+
+def probe_info(url: str, result: Result | None, why: str) -> ProbeInfo:
+    """One probe's result (None: not made, and `why`)."""
+    if result is None:
+        return ProbeInfo(url, None, 0, why, 0.0)
+    return ProbeInfo(url, result.success, result.status, result.reason or "", result.duration)
+
+
+def port_info(launch: Launch, probes: list[ProbeInfo]) -> PortInfo:
+    listening = None if launch.listening is None else bool(launch.listening)
+    return PortInfo(launch.port, listening, list(launch.listening or ()), probes)
+
+
+def engine_info(figures: tuple[str, Figures | None], made: float | None, error: str) -> EngineInfo:
+    """The engine's figures (`signals.engine_page.figures_of`), the tokens `made` over the window where measured,
+    and why its page did not answer."""
+    source, found = figures
+    if found is None:
+        return EngineInfo("", None, None, None, None, error)
+    return EngineInfo(source, found.running, found.waiting, found.tokens, made, error)

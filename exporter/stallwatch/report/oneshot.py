@@ -1,0 +1,75 @@
+"""`stallwatch diagnose`: the evidence an on-call engineer gathers by hand when a server stalls, in one report.
+
+`gather()` takes a one-shot runtime (`app.oneshot`: the watcher and signals of the same config, none of them
+started), runs one discovery pass, replays each server's log tail as the exporter does at start (so the phase is
+recovered), samples the process tree over a short window, dumps the Python stacks of its processes with `py-spy`,
+makes one probe now and reads the engine's own figures.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from stallwatch import __version__
+from stallwatch.discovery.processes import ProcSample
+from stallwatch.discovery.server import Server
+from stallwatch.engines.base import Figures
+from stallwatch.report.model import Observation, Report
+from stallwatch.report.observe import (
+    assemble,
+    engine_info,
+    gpu_section,
+    port_info,
+    probe_info,
+    processes_since,
+    select,
+)
+from stallwatch.report.stacks import stacks
+from stallwatch.runtime import Runtime, required
+from stallwatch.signals.engine_page import PageState, figures_of
+
+
+def gather(runtime: Runtime, name: str | None = None, window: float = 2.0) -> Report:
+    """Discover, replay the logs, sample for `window` seconds and look at every (or the named) server once."""
+    logs = required(runtime.logs, "logs")
+    runtime.watcher.refresh()
+    servers = select(runtime.watcher, name)
+    try:
+        logs.poll()
+        before = {s.name: _Before(s.tree(), _figures(s, runtime)) for s in servers}
+        time.sleep(window)
+        logs.poll()
+        reports = [assemble(s, _observe(s, runtime, before[s.name], window)) for s in servers]
+    finally:
+        logs.close()
+    return Report(__version__, time.time(), reports)
+
+
+@dataclass
+class _Before:
+    tree: list[ProcSample]
+    figures: tuple[str, Figures | None, str]  # source, figures, why the page did not answer
+
+
+def _figures(server: Server, runtime: Runtime) -> tuple[str, Figures | None, str]:
+    """The engine's figures now: its page read now where it answers, else its stats lines'."""
+    page = required(runtime.engine_pages, "engine_metrics").read_now(server)
+    figures = Figures(*page.figures, at=time.time()) if page.figures is not None else None
+    return (*figures_of(server, PageState(server.name, page.up, figures)), page.error)
+
+
+def _observe(server: Server, runtime: Runtime, before: _Before, window: float) -> Observation:
+    prober = required(runtime.probes, "probe")
+    # First: a probe that answers makes the phase `serving`, as in the exporter.
+    probes = [probe_info(target.probe.url, *prober.probe_now(target, server)) for target in server.launch.probes]
+    earlier = {(s.pid, s.create_time): s.cpu_user + s.cpu_system for s in before.tree}
+    processes = processes_since(server, earlier, runtime.config.paths.procfs)
+    source, figures, error = _figures(server, runtime)
+    then_source, then, _ = before.figures
+    # Measured only where the figures moved on in the window (an idle engine prints no stats line).
+    fresh = figures is not None and then is not None and then_source == source and figures.at > then.at
+    made = figures.tokens - then.tokens if fresh and figures is not None and then is not None else None
+    return Observation(window, processes, stacks(processes), port_info(server.launch, probes),
+                       engine_info((source, figures), made, error), gpu_section(server, runtime.nvml),
+                       server.tail.lines() if server.tail else [])

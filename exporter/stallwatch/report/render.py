@@ -1,0 +1,134 @@
+"""The report as text (`stallwatch diagnose`, the status page's sections) and as JSON."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+
+from stallwatch.report.model import EngineInfo, GpuSection, LogInfo, PortInfo, Report, ServerReport, StackGroup
+
+
+def render_json(report: Report) -> str:
+    return json.dumps(dataclasses.asdict(report), indent=2)
+
+
+def render_text(report: Report) -> str:
+    if not report.servers:
+        return "no inference server is watched on this node\n"
+    return "\n".join(_server_text(s) for s in report.servers)
+
+
+def _server_text(s: ServerReport) -> str:
+    return "\n\n".join([_head(s), *body_sections(s, evidence=True)]) + "\n"
+
+
+def body_sections(s: ServerReport, evidence: bool, probed: str = "probe now") -> list[str]:
+    """The report below its head; without `evidence`, no stack and no log line (they can hold prompts).
+    `probed` names the probe results: made now (diagnose), or the background prober's last (status page)."""
+    out = [_gpu_text(s.gpu), _process_text(s)]
+    if evidence:
+        out.append(_stack_text(s.stacks))
+    out += [_port_text(s.port, probed), _engine_text(s.engine_figures), _log_text(s.log, evidence)]
+    return out
+
+
+def _head(s: ServerReport) -> str:
+    return "\n".join([f"=== {s.name} ===", f"VERDICT: {s.verdict.status.upper()}: {s.verdict.text}",
+                      *describe(s)])
+
+
+def describe(s: ServerReport) -> list[str]:
+    """Identity, phase, timeline and shard progress: the head's lines under the verdict."""
+    i, p = s.identity, s.phase
+    where = ", ".join(f"{k} {v}" for k, v in (("namespace", i.namespace), ("pod", i.pod), ("container", i.container),
+                                               ("unit", i.unit)) if v)
+    shards = f"{p.shards_loaded}/{p.shards_expected}" if p.shards_expected else "none seen"
+    return [
+        f"engine {i.engine}, model {i.model or '?'}, TP {i.tensor_parallel or '?'}, runtime {i.runtime}"
+        + (f" ({where})" if where else "") + f", main pid {i.pid}, port {i.port}",
+        f"phase {p.phase} for {duration(p.seconds)}; last log progress {duration(p.quiet_seconds)} ago",
+        f"timeline: {' -> '.join(p.timeline)}  ({p.timeline_note})",
+        f"weight shards: {shards}",
+    ]
+
+
+def _gpu_text(g: GpuSection) -> str:
+    if not g.nvml_up:
+        return f"GPUs: {g.error}"
+    rows = [f"  GPU {d.index} {d.name}: server holds "
+            + (f"{d.server_memory_bytes / 1e9:.1f} GB" if d.server_memory_bytes is not None else "nothing")
+            + f", used {d.memory_used_bytes / 1e9:.1f}/{d.memory_total_bytes / 1e9:.1f} GB, utilization "
+            + (f"{d.utilization:.0%}" if d.utilization is not None else "n/a")
+            + (f", busy {d.busy_ratio:.0%} over the last {d.busy_window_seconds:.0f} s" if d.busy_ratio is not None
+               else "") for d in g.gpus]
+    return "\n".join(["GPUs (utilization now; busy: over NVML's recent samples):", *rows]
+                     + ([f"  {g.error}"] if g.error else []))
+
+
+def _process_text(s: ServerReport) -> str:
+    rows = [f"  {p.pid:>8} {p.state} {p.cpu_seconds:6.2f}s  {p.role}" + (f"  wchan {p.wchan}" if p.wchan else "")
+            for p in s.processes]
+    return "\n".join([f"processes (CPU seconds over a {s.window_seconds:.0f} s window):", *rows])
+
+
+def _stack_text(groups: list[StackGroup]) -> str:
+    out = ["Python stacks (py-spy dump; '<-- WAIT' marks frames that wait):"]
+    for group in groups:
+        out.append(f"  [{fold_roles(group.roles)}] pids {', '.join(map(str, group.pids))}")
+        if group.error:
+            out.append(f"    {group.error}")
+        for thread in group.threads:
+            out.append(f"    thread {thread.name} ({thread.status})")
+            out += [f"      {f.function} ({f.location})" + ("  <-- WAIT" if f.wait else "") for f in thread.frames]
+    return "\n".join(out)
+
+
+def _port_text(port: PortInfo, probed: str) -> str:
+    listening = {None: "unknown", True: f"listening on {', '.join(port.addresses)}", False: "not listening"}
+    rows = [f"port {port.port}: {listening[port.listening]}"]
+    for p in port.probes:
+        result = ("not made: " + p.reason if p.success is None else
+                  f"ok (HTTP {p.status}, {p.duration_seconds * 1000:.0f} ms)" if p.success else
+                  f"failed: {p.reason}" + (f" (HTTP {p.status})" if p.status else ""))
+        rows.append(f"  {probed} {p.url}: {result}")
+    return "\n".join(rows)
+
+
+def _engine_text(e: EngineInfo) -> str:
+    if not e.source:
+        return "engine figures: none (no /metrics page answered, no stats line seen)" + (
+            f": {e.error}" if e.error else "")
+    made = "not measured" if e.tokens_in_window is None else f"{e.tokens_in_window:.0f}"
+    return (f"engine figures (from its {e.source}): running {e.running:.0f}, waiting {e.waiting:.0f}, "
+            f"tokens {e.tokens:.0f} (in the window: {made})")
+
+
+def _log_text(log: LogInfo, evidence: bool) -> str:
+    events = ", ".join(f"{k} {v}" for k, v in log.events.items()) or "none"
+    head = f"log {', '.join(log.sources) or '(none found)'}; events of this launch: {events}"
+    if not evidence:
+        return head
+    return "\n".join([head, f"last {len(log.lines)} lines:", *(f"  | {line}" for line in log.lines)])
+
+
+def fold_roles(roles: list[str]) -> str:
+    """`scheduler_TP0..7, detokenizer`: ranks of one role folded."""
+    ranked: dict[str, list[int]] = {}
+    plain = []
+    for role in roles:
+        match = re.fullmatch(r"(.*?)(\d+)", role)
+        if match and match.group(1):
+            ranked.setdefault(match.group(1), []).append(int(match.group(2)))
+        else:
+            plain.append(role)
+    folded = [f"{stem}{min(n)}..{max(n)}" if len(n) > 1 else f"{stem}{n[0]}" for stem, n in ranked.items()]
+    return ", ".join(folded + plain)
+
+
+def duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"

@@ -1,0 +1,107 @@
+"""The verdict on a server: the alert rules' logic (`rules/stallwatch.rules.yml`) on what one look can see.
+
+GPU utilization now, and over NVML's buffered samples, stands for the rules' 5-minute idle window; the token
+counter over the report's window for their 2-minute one. Its cases are tabled beside the rules' own in
+`tests/test_verdict.py`.
+"""
+
+from __future__ import annotations
+
+from stallwatch.report.model import ServerReport, Verdict
+from stallwatch.report.render import duration, fold_roles
+from stallwatch.report.stacks import wait_frame
+
+IDLE_RATIO = 0.005  # the rules' idle threshold on the busiest GPU's utilization
+STARTUP = ("launching", "loading_weights", "allocating_memory", "capturing_graphs", "warming_up")
+
+
+def verdict(report: ServerReport, memory_threshold: float, log_stale: float) -> Verdict:
+    """The alert rules' logic on one look at the server."""
+    phase = report.phase
+    for check in (_failed, _down):
+        found = check(report)
+        if found is not None:
+            return found
+    held = [g.server_memory_bytes for g in report.gpu.gpus if g.server_memory_bytes is not None]
+    # Now, and over the recent samples where NVML has them: the rules' 5-minute idle window, as far as one look goes.
+    utilization = [u for g in report.gpu.gpus if g.server_memory_bytes is not None
+                   for u in (g.utilization, g.busy_ratio) if u is not None]
+    idle = not utilization or max(utilization) < IDLE_RATIO
+    quiet = phase.quiet_seconds > log_stale
+    probes = [p.success for p in report.port.probes if p.success is not None]
+    not_serving = phase.phase != "serving" or (bool(probes) and not all(probes)) or report.port.listening is False
+    if held and max(held) > memory_threshold and idle and quiet and not_serving:
+        return Verdict("stalled", f"loaded but idle for {duration(phase.quiet_seconds)} in {phase.phase}; "
+                                  + _evidence(report))
+    if phase.phase in STARTUP and quiet and idle:
+        return Verdict("stalled", f"startup stuck in {phase.phase}: no log progress for "
+                                  f"{duration(phase.quiet_seconds)} and no GPU activity; " + _evidence(report))
+    return _serving(report) or _starting(report, log_stale)
+
+
+def _failed(report: ServerReport) -> Verdict | None:
+    if report.phase.phase != "failed":
+        return None
+    events = ", ".join(f"{k} {v}" for k, v in report.log.events.items()) or "no notable line"
+    last = f"; last line: {report.log.lines[-1]}" if report.log.lines else ""
+    return Verdict("failed", f"failed {duration(report.phase.seconds)} ago ({events}){last}")
+
+
+def _down(report: ServerReport) -> Verdict | None:
+    if report.phase.phase != "stopped":
+        return None
+    return Verdict("down", f"main process gone for {duration(report.phase.seconds)}")
+
+
+def _serving(report: ServerReport) -> Verdict | None:
+    if report.phase.phase != "serving":
+        return None
+    failing = [p for p in report.port.probes if p.success is False]
+    if failing:
+        return Verdict("stalled", f"serving, but the health probe fails ({failing[0].reason}); " + _evidence(report))
+    figures = report.engine_figures
+    held = (figures.running or 0) + (figures.waiting or 0)
+    if held > 0 and figures.tokens_in_window == 0:
+        return Verdict("stalled", f"serving, holds {held:.0f} requests ({figures.running:.0f} running, "
+                                  f"{figures.waiting:.0f} waiting) and generated no token in the "
+                                  f"{report.window_seconds:.0f}s window (from its {figures.source}); "
+                                  + _evidence(report))
+    work = f"{held:.0f} requests in hand" if figures.source else "no engine figures"
+    return Verdict("healthy", f"serving for {duration(report.phase.seconds)}, probe passing, {work}")
+
+
+def _starting(report: ServerReport, log_stale: float) -> Verdict:
+    phase = report.phase
+    return Verdict("starting", f"{phase.phase} for {duration(phase.seconds)}, last log progress "
+                               f"{duration(phase.quiet_seconds)} ago (stall threshold {duration(log_stale)})")
+
+
+def _evidence(report: ServerReport) -> str:
+    port = report.port
+    if port.listening is None:
+        parts = ["port unknown"]
+    else:
+        parts = ["port listening" if port.listening else "port never opened"]
+    waits = _waits(report)
+    if waits:
+        parts.append(waits)
+    events = [f"{k} x{v}" for k, v in report.log.events.items() if k != "server_restart"]
+    if events:
+        parts.append("log events: " + ", ".join(events))
+    return "; ".join(parts)
+
+
+def _waits(report: ServerReport) -> str:
+    """"all 8 scheduler_TP* waiting in `recv`": the frame most processes wait in, and which processes."""
+    waiting: dict[str, list[str]] = {}
+    for group in report.stacks:
+        frame = wait_frame(group)
+        if frame is not None:
+            waiting.setdefault(frame, []).extend(group.roles)
+    if not waiting:
+        return ""
+    frame, roles = max(waiting.items(), key=lambda item: len(item[1]))
+    total = sum(1 for p in report.processes if p.state != "Z")
+    who = (f"all {total} processes" if len(roles) == total
+           else f"{len(roles)} of {total} processes ({fold_roles(roles)})")
+    return f"{who} waiting in `{frame}`"
