@@ -1,12 +1,24 @@
+"""Fixtures for the exporter and simulated engines as processes, the test kinds (markers) and `--update-golden`.
+
+Kinds, so that a unit run takes seconds (`pytest -m "not process"`):
+- `process`: runs the exporter, a simulated engine or another program (promtool, journalctl, openssl) as a process;
+  given to every test that takes a fixture of PROCESS_FIXTURES, and to `root` and `e2e` tests.
+- `root`: needs root to make network namespaces, veth pairs and cgroups (the pod, container and unit sandboxes);
+  skipped, saying why, elsewhere.
+- `e2e`: through real Prometheus and Alertmanager binaries.
+"""
+
 from __future__ import annotations
 
-import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from harness import Engine, Exporter
+from support.harness import Engine, Exporter
+from support.sandbox import require_root
+
+PROCESS_FIXTURES = {"exporter", "engine", "rig", "pki"}  # `rig`: test_load's exporter; `pki`: openssl
 
 
 @pytest.fixture
@@ -37,12 +49,17 @@ def engine(tmp_path: Path) -> Iterator[Callable[..., Engine]]:
         e.stop()
 
 
-def require(binary: str) -> str:
-    path = shutil.which(binary)
-    if path is None:
-        pytest.fail(f"{binary} is not installed; the README's test command installs it")
-    return path
-
-
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--update-golden", action="store_true", help="rewrite tests/fixtures/golden/scrape.prom")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        kinds = {mark.name for mark in item.iter_markers()}
+        if PROCESS_FIXTURES & set(getattr(item, "fixturenames", ())) or kinds & {"root", "e2e"}:
+            item.add_marker(pytest.mark.process)
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if item.get_closest_marker("root") is not None:
+        require_root()

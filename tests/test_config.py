@@ -8,42 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from stallwatch import config
-from stallwatch.collectors import sections
 from stallwatch.config.reader import ConfigError
 from stallwatch.config.units import parse_duration, parse_size
-
-GOOD = """\
-servers:
-  - name: kimi-eagle3
-    engine: sglang
-    match:
-      cmdline: 'sglang\\.launch_server'
-    logs: [/data/eagle3/logs/sglang.log]
-    probes:
-      - url: http://127.0.0.1:30000/health
-        timeout: 5s
-        interval: 15s
-    gpus: auto
-    stall:
-      gpu_memory_bytes: 70e9
-      log_stale: 10m
-gpu: {enabled: true}
-"""
+from support.configs import GOOD, check_config, parse
 
 
-def parse(text: str, file: str = "<config>") -> config.Config:
-    return config.parse(text, sections(), file)
-
-
-def check_config(tmp_path: Path, text: str | None, name: str = "c.yml") -> subprocess.CompletedProcess[str]:
-    path = tmp_path / name
-    if text is not None:
-        path.write_text(text)
-    return subprocess.run([sys.executable, "-m", "stallwatch", "check-config", str(path)],
-                          capture_output=True, text=True, timeout=30)
-
-
+@pytest.mark.process
 def test_design_example_is_valid(tmp_path: Path) -> None:
     result = check_config(tmp_path, GOOD)
     assert result.returncode == 0, result.stderr
@@ -55,6 +25,7 @@ def test_design_example_is_valid(tmp_path: Path) -> None:
     assert config.discovery.enabled is False  # servers listed: only those are watched unless discovery is enabled
 
 
+@pytest.mark.process
 def test_empty_file_is_the_default_config(tmp_path: Path) -> None:
     assert check_config(tmp_path, "").returncode == 0
     assert parse("").discovery.enabled is True
@@ -94,6 +65,7 @@ def test_bad_config_names_file_line_key_and_reason(text: str, line: int, key: st
     assert reason in str(error.value)
 
 
+@pytest.mark.process
 def test_check_config_exits_2_with_the_message(tmp_path: Path) -> None:
     result = check_config(tmp_path, "servers:\n  - engine: sglang\n    colour: red\n")
     assert result.returncode == 2
@@ -105,12 +77,14 @@ def test_invalid_yaml_names_its_line() -> None:
         parse("servers:\n  - engine: sglang\n   bad: [\n", file="c.yml")
 
 
+@pytest.mark.process
 def test_unreadable_file(tmp_path: Path) -> None:
     result = check_config(tmp_path, None, name="missing.yml")
     assert result.returncode == 2
     assert "missing.yml: cannot read config file" in result.stderr
 
 
+@pytest.mark.process
 def test_serve_refuses_bad_config_with_exit_2(tmp_path: Path) -> None:
     path = tmp_path / "bad.yml"
     path.write_text("probe: {enabled: 3}\n")
@@ -166,6 +140,7 @@ def test_probe_without_url_and_defaults_probe_with_url_are_refused() -> None:
         parse("defaults:\n  probe: {url: 'http://x/'}\n")
 
 
+@pytest.mark.process
 def test_every_registered_collector_has_a_section_and_a_flag() -> None:
     from stallwatch.collectors import REGISTRY
     from stallwatch.signals.logs import LogsSettings

@@ -1,6 +1,6 @@
 """Servers in Kubernetes pods, Docker containers and systemd units, for real (as root): each simulated
 engine in its own cgroup named as the runtime names it, its own network namespace, stdout on a pipe into a
-runtime stand-in that writes the runtime's log format (tests/sandbox.py). The exporter reads the node's
+runtime stand-in that writes the runtime's log format (tests/support/sandbox.py). The exporter reads the node's
 files through `--path.rootfs`, as a DaemonSet does with the node's root mounted."""
 
 from __future__ import annotations
@@ -15,14 +15,16 @@ from pathlib import Path
 
 import pytest
 
-import transcripts as t
-from harness import SIM_BIN, SIM_PKGS, Scrape, free_port
-from sandbox import DockerContainer, Netns, Pod, SystemdUnit, require_root
+from support import transcripts as t
+from support.harness import Scrape, free_port
+from support.paths import SIM_BIN, SIM_PKGS
+from support.sandbox import DockerContainer, Netns, Pod, SystemdUnit
+
+pytestmark = pytest.mark.root
 
 
 @pytest.fixture
 def stack() -> Iterator[contextlib.ExitStack]:
-    require_root()
     with contextlib.ExitStack() as resources:
         yield resources
 

@@ -3,29 +3,19 @@
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
-from conftest import require
-from harness import ROOT
-
-DASHBOARD = ROOT / "grafana" / "stallwatch.json"
-
-
-def queries() -> list[tuple[str, str]]:
-    """(panel title, PromQL) for every target, with Grafana's variables filled in as Grafana would."""
-    out = []
-    for panel in json.loads(DASHBOARD.read_text())["panels"]:
-        for target in panel["targets"]:
-            expr = target["expr"].replace("$__rate_interval", "15s")
-            out.append((panel["title"], re.sub(r"\$(instance|server)\b", ".*", expr)))
-    return out
+from support.dashboard import DASHBOARD, queries
+from support.harness import require
+from support.paths import ROOT
 
 
+@pytest.mark.process
 def test_generated_json_is_current() -> None:
     result = subprocess.run([sys.executable, "-c", "import sys; sys.path.insert(0, 'grafana'); "
                              "import dashboard; print(dashboard.render(), end='')"],
@@ -47,6 +37,7 @@ def test_importable_as_is_with_datasource_variable() -> None:
     assert {"state-timeline", "timeseries", "table"} <= kinds
 
 
+@pytest.mark.process
 def test_every_query_parses(tmp_path: Path) -> None:
     rules = {"groups": [{"name": "dashboard", "rules": [
         {"record": f"dashboard:query_{i}", "expr": expr} for i, (_, expr) in enumerate(queries())]}]}

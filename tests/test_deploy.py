@@ -13,7 +13,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from harness import ROOT
+from support.paths import ROOT
 
 K8S = ROOT / "deploy" / "kubernetes"
 K8S_VERSION = "1.30.0"
@@ -85,6 +85,7 @@ def test_kustomization_lists_every_manifest() -> None:
     assert set(kustomize_resources()) == manifests
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("path", ["deploy/systemd/stallwatch.yml", "deploy/kubernetes/configmap.yaml"])
 def test_shipped_configs_are_valid(path: str, tmp_path: Path) -> None:
     text = (ROOT / path).read_text()
@@ -97,6 +98,7 @@ def test_shipped_configs_are_valid(path: str, tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
 
 
+@pytest.mark.process
 def test_systemd_unit_verifies(tmp_path: Path) -> None:
     analyze = shutil.which("systemd-analyze")
     if analyze is None:
@@ -115,6 +117,7 @@ def test_systemd_unit_verifies(tmp_path: Path) -> None:
         assert directive in unit
 
 
+@pytest.mark.process
 def test_dockerfile_and_compose() -> None:
     dockerfile = (ROOT / "deploy" / "docker" / "Dockerfile").read_text()
     assert "HEALTHCHECK" in dockerfile and "/-/healthy" in dockerfile

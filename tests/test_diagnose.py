@@ -12,11 +12,12 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-import transcripts
-from harness import FAKES, Engine, FakeNvml, gpus, poll
 from stallwatch.report import stacks
 from stallwatch.report.model import SCHEMA as SCHEMA_PATH
 from stallwatch.report.render import fold_roles
+from support import transcripts
+from support.harness import Engine, FakeNvml, gpus, poll
+from support.paths import FAKES
 
 SCHEMA = json.loads(SCHEMA_PATH.read_text())
 WAIT_FRAME = "wait_for_draft_hidden_states"  # where the simulated engine's processes sleep
@@ -156,6 +157,7 @@ def test_busy_server_is_healthy(tmp_path: Path, engine) -> None:
     assert "VERDICT: HEALTHY: serving" in out.stdout and "15 requests in hand" in out.stdout
 
 
+@pytest.mark.process
 def test_unknown_server_and_bad_config_exit_2(tmp_path: Path) -> None:
     out = _run(tmp_path, "no-such-server-d12")
     assert out.returncode == 2 and "no watched server named 'no-such-server-d12'" in out.stderr

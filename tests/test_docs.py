@@ -4,14 +4,8 @@ from __future__ import annotations
 
 import re
 
-from harness import ROOT
 from stallwatch.collectors.catalog import CATALOG, PREFIX
-
-
-def documented() -> set[str]:
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split("## Metrics", 1)[1].split("\n## ", 1)[0]
-    return set(re.findall(r"^\| `(stallwatch_\w+)` \|", section, re.MULTILINE))
+from support.docs import documented
 
 
 def test_every_family_is_documented_and_every_documented_family_exists() -> None:

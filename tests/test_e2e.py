@@ -21,11 +21,11 @@ import psutil
 import pytest
 import yaml
 
-import transcripts as t
-from conftest import require
-from harness import ROOT, free_port, gpus, poll
-from sandbox import Pod, require_root
-from test_dashboard import queries as dashboard_queries
+from support import transcripts as t
+from support.dashboard import queries as dashboard_queries
+from support.harness import free_port, gpus, poll, require
+from support.paths import ROOT
+from support.sandbox import Pod
 
 pytestmark = pytest.mark.e2e
 
@@ -312,13 +312,13 @@ def test_post_ready_hang_pages_idle_and_busy_servers_do_not(
         assert not [a for a in hook.alerts if a["labels"].get("server") == server], server
 
 
+@pytest.mark.root
 def test_containerized_stall_pages_and_containerized_idle_server_does_not(
     exporter, daemons: list[Daemon], tmp_path: Path
 ) -> None:
     """The same promise for servers in pods: each in its own network namespace and cgroup, stdout on a pipe
     into a CRI log. The stall binds 127.0.0.1 inside its pod (SGLang's default) and never opens its port, so no
     probe can be made; the idle vLLM binds all interfaces and is probed at its pod IP."""
-    require_root()
     with contextlib.ExitStack() as stack:
         stalled = stack.enter_context(Pod(tmp_path, "sglang", t.sglang_until_shards(tp=4, shards=64),
                                           namespace="llm", pod="kimi-0", final="stall", tp=4, host="127.0.0.1"))

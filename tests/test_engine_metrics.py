@@ -13,14 +13,15 @@ from pathlib import Path
 
 import pytest
 
-import transcripts
-from harness import SIM_PKGS, Exporter, Scrape
-from sandbox import Pod, require_root
 from stallwatch.engines import ENGINES
 from stallwatch.logs.interpret import LogInterpreter
 from stallwatch.logs.stats_lines import StatsLineIntegrator, last_stats
 from stallwatch.signals.engine_page import MonotonicCounter, parse_page
 from stallwatch.signals.probes import fetch
+from support import transcripts
+from support.harness import Exporter, Scrape
+from support.paths import SIM_PKGS
+from support.sandbox import Pod
 
 sys.path.insert(0, str(SIM_PKGS))
 import enginesim
@@ -277,9 +278,9 @@ def test_tgi_stuck_waiting_for_shards_makes_no_progress(exporter, engine) -> Non
     assert _value(later, "log_last_progress_timestamp_seconds", sim.name) == progress
 
 
+@pytest.mark.root
 def test_stats_lines_and_page_of_a_vllm_in_a_cri_pod(exporter, tmp_path: Path) -> None:
     """In a pod: the stats lines come through containerd's CRI log (framing removed), the page from the pod IP."""
-    require_root()
     with Pod(tmp_path, "vllm", transcripts.vllm_healthy(tp=1), namespace="llm", pod="busy-0", final="serve", tp=1,
              port=8000, host="0.0.0.0", work=BUSY):
         e = exporter(config=CONFIG, args=(f"--path.rootfs={tmp_path / 'root'}",))

@@ -14,10 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import require
-from harness import GIB, Scrape, free_port, gpus
 from stallwatch.collectors import REGISTRY
-from test_docs import documented
+from support.docs import documented
+from support.harness import GIB, Scrape, free_port, gpus, require
 
 
 def test_landing_page_health_and_404(exporter) -> None:
@@ -39,11 +38,13 @@ def test_flags_telemetry_path_and_disabled_collector(exporter) -> None:
     assert e.get("/metrics")[0] == 404
 
 
+@pytest.mark.process
 def test_version_flag() -> None:
     out = subprocess.run([sys.executable, "-m", "stallwatch", "--version"], capture_output=True, text=True)
     assert out.returncode == 0 and re.match(r"stallwatch \d+\.\d+\.\d+", out.stdout)
 
 
+@pytest.mark.process
 def test_bad_listen_address_exits_2() -> None:
     out = subprocess.run([sys.executable, "-m", "stallwatch", "--web.listen-address=nope"],
                          capture_output=True, text=True, timeout=30)
@@ -124,7 +125,7 @@ def test_failing_collector_is_isolated(exporter) -> None:
 
 
 def test_sglang_tree_discovered_with_roles_states_and_gpu_memory(exporter, engine) -> None:
-    from transcripts import sglang_until_shards
+    from support.transcripts import sglang_until_shards
 
     sim = engine("sglang", sglang_until_shards(), final="stall", tp=8)
     e = exporter(nvml={"gpus": gpus(8)})
@@ -167,7 +168,7 @@ def test_sglang_tree_discovered_with_roles_states_and_gpu_memory(exporter, engin
 
 
 def test_exited_child_keeps_its_cpu(exporter, engine) -> None:
-    from transcripts import sglang_until_shards
+    from support.transcripts import sglang_until_shards
 
     sim = engine("sglang", sglang_until_shards(tp=1), tp=1, burn_child_seconds=3.0)
     e = exporter()
@@ -183,7 +184,7 @@ def test_exited_child_keeps_its_cpu(exporter, engine) -> None:
 
 
 def test_vllm_serving_probe_succeeds(exporter, engine) -> None:
-    from transcripts import vllm_healthy
+    from support.transcripts import vllm_healthy
 
     sim = engine("vllm", vllm_healthy(), final="serve", tp=2)
     e = exporter()
@@ -256,7 +257,7 @@ def test_probe_outcomes(exporter, target: str) -> None:
 
 
 def test_promtool_check_metrics_on_live_scrape(exporter, engine, tmp_path: Path) -> None:
-    from transcripts import sglang_until_shards
+    from support.transcripts import sglang_until_shards
 
     promtool = require("promtool")
     sim = engine("sglang", sglang_until_shards(tp=2), tp=2)
@@ -272,7 +273,7 @@ def test_promtool_check_metrics_on_live_scrape(exporter, engine, tmp_path: Path)
 
 
 def test_phase_changes_are_dated_at_the_event_not_at_the_next_scrape(exporter, engine) -> None:
-    from transcripts import sglang_until_shards
+    from support.transcripts import sglang_until_shards
 
     sim = engine("sglang", sglang_until_shards(tp=1, shards=8), final="stall", tp=1)
     e = exporter(config="discovery: {enabled: true, interval: 1s}\nlogs: {poll_interval: 0.2s}\n")

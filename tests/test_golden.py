@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-import transcripts as t
-from harness import ROOT, Scrape, gpus, poll
+from support import transcripts as t
+from support.harness import Scrape, gpus, poll
+from support.paths import ROOT
 
 GOLDEN = ROOT / "tests" / "fixtures" / "golden" / "scrape.prom"
 MASKED = (  # families whose values depend on time, scheduling or the machine

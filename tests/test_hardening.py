@@ -14,24 +14,24 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
 import pytest
-from test_config import GOOD, check_config, parse
 
-from conftest import require
-from harness import Exporter, Scrape, free_port, poll
 from stallwatch.collectors import StallwatchCollector
 from stallwatch.collectors.logs import LogsCollector
-from stallwatch.config import Config, Discovery, ServerSpec
+from stallwatch.config import Config
 from stallwatch.config.reader import ConfigError
 from stallwatch.discovery.watcher import Watcher
 from stallwatch.discovery.workload import LogSource
 from stallwatch.signals.logs import LogFile, LogManager
 from stallwatch.signals.probes import probe
-from transcripts import llamacpp_healthy, sglang_until_shards
+from support.configs import GOOD, check_config, parse
+from support.harness import Exporter, Scrape, free_port, poll, require
+from support.transcripts import llamacpp_healthy, sglang_until_shards
+from support.watchers import log_watcher
 
 # Discovery, probes and log polling fast enough that each test takes seconds.
 FAST = ("discovery: {enabled: true, interval: 0.2s, forget_after: 1s}\n"
@@ -77,6 +77,7 @@ def test_bad_values_are_refused_with_file_line_and_key(tmp_path: Path, text: str
     assert str(refused.value).startswith("c.yml:")
 
 
+@pytest.mark.process
 def test_check_config_exits_2_for_refused_values(tmp_path: Path) -> None:
     result = check_config(tmp_path, 'servers:\n  - {engine: sglang, name: "x\\ud800"}\n')  # item 1
     assert result.returncode == 2 and "servers[0].name" in result.stderr, result.stderr
@@ -84,6 +85,7 @@ def test_check_config_exits_2_for_refused_values(tmp_path: Path) -> None:
     assert result.returncode == 2 and "nested deeper" in result.stderr, result.stderr
 
 
+@pytest.mark.process
 def test_big_and_non_regular_config_files_are_refused_without_reading(tmp_path: Path) -> None:
     big = tmp_path / "big.yml"
     big.write_text("# " + "x" * (2 << 20) + "\n")
@@ -199,23 +201,19 @@ def test_probe_url_never_takes_a_name_or_path_from_argv(exporter, engine) -> Non
 
 
 def _fixed_threads(e: Exporter) -> int:
-    """The exporter's threads less its probe loops (one thread per server and URL probed): what remains does
-    not depend on how many servers run on the machine, ours or not."""
-    loops = {(ls["server"], ls["url"]) for ls in e.scrape().labelsets("stallwatch_probe_failures_total")}
+    """The exporter's threads less its per-server loops (a probe loop per server and URL, an engine page loop per
+    server): what remains does not depend on how many servers run on the machine, ours or not."""
+    scrape = e.scrape()
+    probes = {(ls["server"], ls["url"]) for ls in scrape.labelsets("stallwatch_probe_failures_total")}
+    servers = {ls["server"] for ls in scrape.labelsets("stallwatch_stall_log_stale_threshold_seconds")}
     status = Path(f"/proc/{e.proc.pid}/status").read_text()
-    return int(next(line.split()[1] for line in status.splitlines() if line.startswith("Threads:"))) - len(loops)
+    threads = int(next(line.split()[1] for line in status.splitlines() if line.startswith("Threads:")))
+    return threads - len(probes) - len(servers)
 
 
-def _steady(read: Callable[[], int], seconds: float = 1.0, timeout: float = 15.0) -> int:
-    """What `read` gives once it has not changed for `seconds`."""
-    last, since, deadline = read(), time.monotonic(), time.monotonic() + timeout
-    while time.monotonic() - since < seconds:
-        assert time.monotonic() < deadline, f"still changing after {timeout}s"
-        time.sleep(0.1)
-        now = read()
-        if now != last:
-            last, since = now, time.monotonic()
-    return last
+def _started(e: Exporter) -> bool:
+    """It logs that it listens once every loop has been started (`app.serve` starts them, then the CLI logs)."""
+    return "listening on" in e.log.read_text()
 
 
 def _series_of(scrape: Scrape, names: set[str]) -> list[str]:
@@ -224,7 +222,8 @@ def _series_of(scrape: Scrape, names: set[str]) -> list[str]:
 
 def test_gone_servers_are_dropped_with_their_threads_and_series(exporter, engine) -> None:
     e = exporter(config=FAST)
-    fixed = _steady(lambda: _fixed_threads(e))  # it starts its loops after it answers
+    poll(lambda: _started(e), what="the exporter to start its loops")
+    fixed = _fixed_threads(e)  # a probe's deadline timer may be in it: the bound is loose, never unreachable
     sims = [engine("llamacpp", llamacpp_healthy(), final="stall", tp=1) for _ in range(30)]
     names = {sim.name for sim in sims}
     e.wait_for(lambda s: names <= {ls["server"] for ls in s.labelsets("stallwatch_probe_failures_total")},
@@ -363,8 +362,7 @@ def _watcher_with_logs(tmp_path: Path, count: int) -> tuple[Watcher, list[Path]]
     files = [tmp_path / f"{i}.log" for i in range(count)]
     for f in files:
         f.write_bytes(b"hello\n")
-    specs = tuple(ServerSpec(engine="sglang", name=f"s{i}", logs=(str(f),)) for i, f in enumerate(files))
-    return Watcher(Config(servers=specs, discovery=Discovery(enabled=False))), files
+    return log_watcher({f"s{i}": [f] for i, f in enumerate(files)}), files
 
 
 def test_file_swapped_for_a_fifo_between_stat_and_open_does_not_block(tmp_path: Path) -> None:

@@ -18,18 +18,13 @@ import pytest
 
 from stallwatch.logs import journal
 from stallwatch.logs.journal import JournalReader
+from support.clock import Clock
+
+pytestmark = pytest.mark.process  # journalctl, the stand-in or the real one
 
 FAKE = str(Path(__file__).resolve().parent / "sim" / "bin" / "journalctl")
 UNIT = "sglang.service"
 T0 = 1_764_400_000.0  # the server's launch
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def entry(i: int, at: float, message: object = None, unit: str = UNIT, **fields: object) -> dict[str, object]:
@@ -153,7 +148,7 @@ def test_message_encodings(jrnl: Journal, reader: Callable[..., JournalReader]) 
 
 
 def test_missing_journalctl_is_down_with_a_reason(tmp_path: Path, reader: Callable[..., JournalReader]) -> None:
-    clock = Clock()
+    clock = Clock(1000.0)
     r = reader(journalctl=str(tmp_path / "no-such-journalctl"), clock=clock)
     assert not r.up and r.read() == []
     assert r.error is not None and "no-such-journalctl" in r.error and "No such file" in r.error
@@ -199,7 +194,7 @@ def test_backoff_doubles_up_to_a_minute_and_resets_after_a_stable_run(
     failing = tmp_path / "failing-journalctl"
     failing.write_text(f"#!/bin/sh\necho x >> {starts}\necho 'Failed to open journal: Permission denied' >&2\nexit 1\n")
     failing.chmod(0o755)
-    clock = Clock()
+    clock = Clock(1000.0)
     r = reader(journalctl=str(failing), clock=clock)
 
     def settle() -> None:  # let the started process exit and be reaped, without the clock moving
@@ -236,7 +231,7 @@ def test_stale_cursor_falls_back_to_the_last_entry_time(
     jrnl: Journal, reader: Callable[..., JournalReader]
 ) -> None:
     jrnl.add(*(entry(i, T0 + i) for i in range(1, 4)))
-    clock = Clock()
+    clock = Clock(1000.0)
     r = reader(clock=clock)
     got = collect(r, 3)
     jrnl.path.write_bytes(b"")  # vacuumed: the cursor is gone, entries 2-3 remain, new ones follow

@@ -6,212 +6,30 @@ in count and time and closes what it opened."""
 
 from __future__ import annotations
 
-import contextlib
-import resource
-import socket
-import ssl
-import statistics
-import threading
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
 import pytest
 
-import transcripts
-from harness import Engine, Exporter, gpus, poll
-
-# --- a minimal keep-alive scraper (cheap on the client's GIL, so latencies are the exporter's) -----------------
-
+from support.harness import poll
+from support.load import (
+    Rig,
+    concurrent_scrapers,
+    cpu_percent,
+    idle_and_slowloris,
+    past_fd_limit,
+    raise_nofile,
+    sequential_scrapes,
+    start_rig,
+    tls_beside_handshakeless,
+    wait_ready,
+)
 
 # The targets (p99 <= 100 ms for 50 scrapers, <= 50 ms beside idle and slowloris connections) are checked at full
 # size by tests/bench/bench_http.py. Here, on CI's shared 2 cores, the same runs allow twice that: what they catch is
 # a server that stalls for seconds (an accept loop or a worker held by a client), not a GC pause.
 CI_SLACK = 2
-
-class Scraper:
-    def __init__(self, port: int, path: str = "/metrics", context: ssl.SSLContext | None = None,
-                 headers: str = "") -> None:
-        self.port, self.path, self.context, self.headers = port, path, context, headers
-        self.sock: socket.socket | None = None
-
-    def _connect(self) -> socket.socket:
-        sock = socket.create_connection(("127.0.0.1", self.port), timeout=10)
-        if self.context is not None:
-            sock = self.context.wrap_socket(sock, server_hostname="127.0.0.1")
-        return sock
-
-    def get(self) -> tuple[int, bytes]:
-        if self.sock is None:
-            self.sock = self._connect()
-        self.sock.sendall(f"GET {self.path} HTTP/1.1\r\nHost: x\r\n{self.headers}\r\n".encode())
-        buf = b""
-        while b"\r\n\r\n" not in buf:
-            chunk = self.sock.recv(65536)
-            if not chunk:
-                raise ConnectionError("closed before the response head")
-            buf += chunk
-        head, _, body = buf.partition(b"\r\n\r\n")
-        lines = head.decode("latin-1").split("\r\n")
-        length = next(int(line.split(":", 1)[1]) for line in lines if line.lower().startswith("content-length:"))
-        while len(body) < length:
-            chunk = self.sock.recv(max(65536, length - len(body)))
-            if not chunk:
-                raise ConnectionError("closed mid-body")
-            body += chunk
-        if "connection: close" in head.decode("latin-1").lower():
-            self.close()
-        return int(lines[0].split()[1]), body
-
-    def timed(self) -> float:
-        start = time.perf_counter()
-        status, body = self.get()
-        if status != 200 or (self.path == "/metrics" and b"stallwatch_build_info" not in body):
-            raise AssertionError(f"scrape answered {status}")
-        return time.perf_counter() - start
-
-    def close(self) -> None:
-        if self.sock is not None:
-            with contextlib.suppress(OSError):
-                self.sock.close()
-            self.sock = None
-
-
-@dataclass
-class Figures:
-    latencies: list[float] = field(default_factory=list)
-    errors: list[str] = field(default_factory=list)
-
-    def q(self, quantile: float) -> float:
-        if len(self.latencies) < 2:
-            return self.latencies[0] * 1000 if self.latencies else float("nan")
-        return statistics.quantiles(self.latencies, n=1000, method="inclusive")[int(quantile * 1000) - 1] * 1000
-
-    def line(self, label: str) -> str:
-        return (f"{label}: {len(self.latencies)} scrapes, {len(self.errors)} errors, p50 {self.q(0.5):.1f} ms, "
-                f"p99 {self.q(0.99):.1f} ms, max {max(self.latencies, default=0) * 1000:.1f} ms")
-
-
-def concurrent_scrapers(port: int, scrapers: int, seconds: float, pause: float = 0.0,
-                        context: ssl.SSLContext | None = None) -> Figures:
-    """`scrapers` keep-alive clients scraping back to back (after `pause`) for `seconds`."""
-    figures = Figures()
-    lock = threading.Lock()
-    stop = time.monotonic() + seconds
-
-    def run() -> None:
-        scraper = Scraper(port, context=context)
-        while time.monotonic() < stop:
-            try:
-                latency = scraper.timed()
-                with lock:
-                    figures.latencies.append(latency)
-            except (OSError, AssertionError, ValueError, StopIteration) as exc:
-                scraper.close()
-                with lock:
-                    figures.errors.append(repr(exc))
-            time.sleep(pause)
-        scraper.close()
-
-    threads = [threading.Thread(target=run, daemon=True) for _ in range(scrapers)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(seconds + 30)
-    return figures
-
-
-def sequential_scrapes(port: int, count: int, context: ssl.SSLContext | None = None, pause: float = 0.02) -> Figures:
-    figures = Figures()
-    scraper = Scraper(port, context=context)
-    for _ in range(count):
-        try:
-            figures.latencies.append(scraper.timed())
-        except (OSError, AssertionError, ValueError, StopIteration) as exc:
-            scraper.close()
-            figures.errors.append(repr(exc))
-        time.sleep(pause)
-    scraper.close()
-    return figures
-
-
-@contextlib.contextmanager
-def idle_and_slowloris(port: int, idle: int, slow: int, trickle: float = 0.5) -> Iterator[list[socket.socket]]:
-    """`idle` connections that send nothing and `slow` ones that trickle header lines, for as long as the block
-    runs. Yields every socket (a closed one is one the exporter cut)."""
-    socks: list[socket.socket] = []
-    stop = threading.Event()
-    try:
-        for i in range(idle + slow):
-            sock = socket.create_connection(("127.0.0.1", port), timeout=10)
-            socks.append(sock)
-            if i >= idle:
-                sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
-
-        def trickle_loop() -> None:
-            while not stop.wait(trickle):
-                for sock in socks[idle:]:
-                    with contextlib.suppress(OSError):
-                        sock.send(b"X-A: b\r\n")
-
-        thread = threading.Thread(target=trickle_loop, daemon=True)
-        thread.start()
-        yield socks
-    finally:
-        stop.set()
-        for sock in socks:
-            with contextlib.suppress(OSError):
-                sock.close()
-
-
-def cpu_percent(pid: int, seconds: float) -> float:
-    proc = psutil.Process(pid)
-    before = sum(proc.cpu_times()[:2])
-    time.sleep(seconds)
-    return 100 * (sum(proc.cpu_times()[:2]) - before) / seconds
-
-
-def raise_nofile(wanted: int) -> None:
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft != resource.RLIM_INFINITY and soft < wanted:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (min(wanted, hard) if hard != resource.RLIM_INFINITY
-                                                    else wanted, hard))
-
-
-# --- setup: the exporter over a simulated TP=8 server ------------------------------------------------------------
-
-
-@dataclass
-class Rig:
-    exporter: Exporter
-    engine: Engine
-    tmp: Path
-
-
-def start_rig(tmp: Path, args: tuple[str, ...] = ()) -> Rig:
-    engine = Engine(tmp, "sglang", transcripts.sglang_until_shards(tp=8, shards=64), final="serve", tp=8)
-    try:
-        tree = poll(lambda: (p := psutil.Process(engine.proc.pid)) and len(p.children(recursive=True)) >= 8 and p,
-                    timeout=60, what="TP=8 process tree")
-        children = [c.pid for c in tree.children(recursive=True)]
-        nvml = gpus(8)
-        for i, gpu in enumerate(nvml):
-            gpu["processes"] = [{"pid": children[i % len(children)], "used": 75e9}]
-        config = (f"servers:\n  - name: tp8\n    engine: sglang\n"
-                  f"    match: {{cmdline: 'launch_server.*{engine.port}'}}\n"
-                  f"    probes:\n      - {{url: 'http://127.0.0.1:{engine.port}/health', interval: 1s}}\n")
-        exporter = Exporter(tmp, config=config, nvml={"gpus": nvml}, args=args, ready=not args)
-    except BaseException:
-        engine.stop()
-        raise
-    return Rig(exporter, engine, tmp)
-
-
-def wait_ready(rig: Rig) -> None:
-    rig.exporter.wait_for(lambda s: len(s.samples("stallwatch_server_gpu_memory_used_bytes")) == 8,
-                          timeout=60, what="TP=8 server watched")
 
 
 @pytest.fixture(scope="module")
@@ -247,55 +65,12 @@ def test_idle_connections_and_slowloris_do_not_slow_scrapes(rig: Rig) -> None:
     assert threads_during <= threads_before + 2  # nothing per connection
 
 
-def tls_beside_handshakeless(tmp: Path, silent: int, scrapers: int, seconds: float, pause: float) -> Figures:
-    """Scrapes over TLS while `silent` clients connect and never start a handshake and one sends half a
-    ClientHello: the handshake runs in a worker with a deadline, never in the accept loop."""
-    from test_web import make_ca, make_cert
-
-    ca = make_ca(tmp, "ca")
-    cert = make_cert(tmp, "server", ca)
-    web = tmp / "web.yml"
-    web.write_text(f"tls_server_config: {{cert_file: {cert[0]}, key_file: {cert[1]}}}\n")
-    exporter = Exporter(tmp, args=(f"--web.config.file={web}",), ready=False)
-    context = ssl.create_default_context(cafile=str(ca[0]))
-    try:
-        poll(lambda: sequential_scrapes(exporter.port, 1, context).latencies, timeout=30, what="TLS exporter")
-        idle = [socket.create_connection(("127.0.0.1", exporter.port)) for _ in range(silent)]
-        half = socket.create_connection(("127.0.0.1", exporter.port))
-        half.sendall(b"\x16\x03\x01\x00\xf0\x01\x00\x00\xec\x03\x03")  # a ClientHello cut short
-        try:
-            return concurrent_scrapers(exporter.port, scrapers=scrapers, seconds=seconds, pause=pause, context=context)
-        finally:
-            for sock in [*idle, half]:
-                sock.close()
-    finally:
-        exporter.stop()
-
-
+@pytest.mark.process
 def test_tls_handshakeless_clients_do_not_stall_scrapes(tmp_path: Path) -> None:
     figures = tls_beside_handshakeless(tmp_path, silent=20, scrapers=4, seconds=3, pause=0.05)
     print("\n" + figures.line("TLS scrapes beside 20 handshake-less + 1 half ClientHello"))
     assert not figures.errors, figures.errors[:5]
     assert figures.q(0.99) <= CI_SLACK * 100, figures.line(f"p99 over {CI_SLACK * 100} ms")
-
-
-@contextlib.contextmanager
-def past_fd_limit(rig: Rig, connections: int, headroom: int = 40) -> Iterator[int]:
-    """The running exporter's RLIMIT_NOFILE lowered to the descriptors it holds plus `headroom`, and `connections`
-    opened past it (accept meets EMFILE); yields the limit. Closes them and restores the limit on the way out."""
-    pid = rig.exporter.proc.pid
-    before = resource.prlimit(pid, resource.RLIMIT_NOFILE)
-    limit = psutil.Process(pid).num_fds() + headroom
-    resource.prlimit(pid, resource.RLIMIT_NOFILE, (limit, before[1]))
-    socks: list[socket.socket] = []
-    try:
-        socks = [socket.create_connection(("127.0.0.1", rig.exporter.port), timeout=10) for _ in range(connections)]
-        yield limit
-    finally:
-        for sock in socks:
-            with contextlib.suppress(OSError):
-                sock.close()
-        resource.prlimit(pid, resource.RLIMIT_NOFILE, before)
 
 
 def test_fd_exhaustion_backs_off_and_recovers(rig: Rig) -> None:

@@ -4,35 +4,25 @@ unreadable paths, and recovery of the phase when the exporter restarts over a ru
 from __future__ import annotations
 
 import os
-import re
 import time
 import tracemalloc
 from pathlib import Path
 
 import pytest
 
-import transcripts as t
-from stallwatch.config import Config, Discovery, ServerSpec
 from stallwatch.discovery.watcher import Watcher
 from stallwatch.signals import logs as logfollow
 from stallwatch.signals.logs import FileStats, LogManager
+from support import transcripts as t
+from support.clock import Clock
+from support.watchers import log_watcher
 
 LAUNCH = b"[2026-11-20 09:14:02] server_args=ServerArgs(model_path='m', tp_size=1)\n"
 LOAD = b"[2026-11-20 09:14:13] Load weight begin. avail mem=78.54 GB\n"
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_800_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def manager(*logs: str | Path) -> tuple[LogManager, Watcher, Clock]:
-    spec = ServerSpec(engine="sglang", name="s", cmdline=re.compile("no-such-process-xyz"),
-                      logs=tuple(str(p) for p in logs))
-    watcher = Watcher(Config(servers=(spec,), discovery=Discovery(enabled=False)))
+    watcher = log_watcher({"s": logs})
     clock = Clock()
     return LogManager(watcher, poll_interval=1.0, wall=clock), watcher, clock
 

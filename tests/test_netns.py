@@ -335,6 +335,7 @@ def test_same_netns_on_a_fake_tree(tmp_path: Path) -> None:
     assert same_netns(procfs, 7) is None  # our own unknown
 
 
+@pytest.mark.process
 def test_unprivileged_view(tmp_path: Path) -> None:
     """As uid 65534: net/tcp of another user's process is readable, its ns/net is not, setns is refused."""
     if os.geteuid() != 0:
@@ -583,6 +584,7 @@ def free_port(pod: Pod) -> int:
             return port
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("bind", ["0.0.0.0", "::", "pod", "127.0.0.1"])
 def test_real_namespace(pod: Pod, tmp_path: Path, bind: str) -> None:
     host = pod.pod_ip if bind == "pod" else bind

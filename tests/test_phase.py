@@ -1,11 +1,11 @@
-"""Startup phases and events from the engines' real log lines (tests/transcripts.py)."""
+"""Startup phases and events from the engines' real log lines (tests/support/transcripts.py)."""
 
 from __future__ import annotations
 
-import transcripts as t
 from stallwatch.engines import ENGINES
 from stallwatch.engines.base import rule
 from stallwatch.logs.interpret import LogInterpreter
+from support import transcripts as t
 
 
 def phases(engine: str, text: str, interpreter: LogInterpreter | None = None) -> list[str]:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-import transcripts as t
-from harness import Scrape, gpus
+from support import transcripts as t
+from support.harness import Scrape, gpus
 
 
 def phase_of(s: Scrape, server: str) -> str | None:

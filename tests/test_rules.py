@@ -5,10 +5,11 @@ from __future__ import annotations
 import re
 import subprocess
 
+import pytest
 import yaml
 
-from conftest import require
-from harness import ROOT
+from support.harness import require
+from support.paths import ROOT
 
 RULES = ROOT / "rules" / "stallwatch.rules.yml"
 RULE_TESTS = ROOT / "rules" / "tests" / "stallwatch.rules.test.yml"
@@ -19,11 +20,13 @@ def alerts() -> list[dict]:
     return [r for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"] if "alert" in r]
 
 
+@pytest.mark.process
 def test_promtool_check_rules() -> None:
     result = subprocess.run([require("promtool"), "check", "rules", str(RULES)], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+@pytest.mark.process
 def test_promtool_test_rules() -> None:
     result = subprocess.run([require("promtool"), "test", "rules", RULE_TESTS.name], cwd=RULE_TESTS.parent,
                             capture_output=True, text=True)
@@ -61,6 +64,7 @@ def test_alert_style() -> None:
         assert name in anchors, f"no runbook section for {name}"
 
 
+@pytest.mark.process
 def test_example_prometheus_and_alertmanager_configs() -> None:
     deploy = ROOT / "deploy" / "prometheus"
     result = subprocess.run([require("promtool"), "check", "config", str(deploy / "prometheus.yml")],

@@ -1,5 +1,5 @@
-"""The sandbox harness (tests/sandbox.py, tests/sim/bin/cri-shim) is right as the kernel and the runtimes' readers
-see it: cgroup lines, pipes, network namespaces, CRI / json-file / journal records, rotation and restarts."""
+"""The sandbox harness (tests/support/sandbox.py, tests/sim/bin/cri-shim) is right as the kernel and the runtimes'
+readers see it: cgroup lines, pipes, network namespaces, CRI / json-file / journal records, rotation and restarts."""
 
 from __future__ import annotations
 
@@ -18,10 +18,9 @@ from pathlib import Path
 
 import pytest
 
-import sandbox
-import transcripts
-from harness import poll
-from sandbox import DockerContainer, Pod, SystemdUnit, join_cri, read_cri, require_root
+from support import sandbox, transcripts
+from support.harness import poll
+from support.sandbox import DockerContainer, Pod, SystemdUnit, join_cri, read_cri, require_root
 
 SHIM = [sys.executable, str(sandbox.SHIM)]
 RFC3339NANO = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d*[1-9])?Z$")
@@ -33,11 +32,6 @@ LONG = "x" * 40 * 1024
 def stack() -> Iterator[contextlib.ExitStack]:
     with contextlib.ExitStack() as resources:
         yield resources
-
-
-@pytest.fixture
-def root() -> None:
-    require_root()
 
 
 def lines_of(transcript: str) -> list[str]:
@@ -130,6 +124,7 @@ def run_shim(tmp_path: Path, fmt: str, script: str, *extra: str) -> tuple[int, P
     return done.returncode, log
 
 
+@pytest.mark.process
 def test_shim_writes_containerd_cri_records(tmp_path: Path) -> None:
     script = f"printf 'one\\r\\n'; echo {LONG}; echo oops >&2; printf 'no newline'; exit 3"
     status, log = run_shim(tmp_path, "cri", script)
@@ -142,6 +137,7 @@ def test_shim_writes_containerd_cri_records(tmp_path: Path) -> None:
     assert join_cri(records, "stderr") == ["oops"]
 
 
+@pytest.mark.process
 def test_shim_writes_conmon_records_per_read(tmp_path: Path) -> None:
     status, log = run_shim(tmp_path, "crio", f"echo short; echo {LONG}")
     assert status == 0
@@ -153,6 +149,7 @@ def test_shim_writes_conmon_records_per_read(tmp_path: Path) -> None:
     assert join_cri(records) == ["short", LONG]
 
 
+@pytest.mark.process
 def test_shim_writes_docker_json_file_records(tmp_path: Path) -> None:
     status, log = run_shim(tmp_path, "docker", f"printf 'a<b>&\\tc\\n'; echo {LONG}; printf 'tail'")
     assert status == 0
@@ -167,6 +164,7 @@ def test_shim_writes_docker_json_file_records(tmp_path: Path) -> None:
     assert entries[4]["log"] == "tail"
 
 
+@pytest.mark.process
 def test_shim_writes_journal_entries_on_a_stream_socket(tmp_path: Path) -> None:
     pidfile = tmp_path / "pid"
     script = 'echo "$JOURNAL_STREAM"; stat -L -c %d:%i /proc/self/fd/1; readlink /proc/$$/fd/2'
@@ -181,6 +179,7 @@ def test_shim_writes_journal_entries_on_a_stream_socket(tmp_path: Path) -> None:
     assert all(re.match(r"^s=[0-9a-f]{32};i=[0-9a-f]+;b=", e["__CURSOR"]) for e in entries)
 
 
+@pytest.mark.process
 def test_shim_reopens_on_sigusr1_and_forwards_sigterm(tmp_path: Path) -> None:
     log, pidfile = tmp_path / "0.log", tmp_path / "pid"
     script = 'trap "echo bye; exit 7" TERM; i=0; while :; do echo "n$i"; i=$((i+1)); sleep 0.05; done'
@@ -208,7 +207,8 @@ def test_shim_reopens_on_sigusr1_and_forwards_sigterm(tmp_path: Path) -> None:
 # sandboxes (root)
 
 
-def test_cgroup_add_and_removal_with_a_process_left_inside(root: None) -> None:
+@pytest.mark.root
+def test_cgroup_add_and_removal_with_a_process_left_inside() -> None:
     relative = f"stallwatch-test-{os.getpid()}.slice/leaf.scope"
     sleeper = subprocess.Popen(["sleep", "30"])
     try:
@@ -227,7 +227,8 @@ def test_cgroup_add_and_removal_with_a_process_left_inside(root: None) -> None:
         sleeper.wait()
 
 
-def test_pod_looks_like_a_kubernetes_container(tmp_path: Path, root: None, stack: contextlib.ExitStack) -> None:
+@pytest.mark.root
+def test_pod_looks_like_a_kubernetes_container(tmp_path: Path, stack: contextlib.ExitStack) -> None:
     text = transcripts.sglang_until_shards(tp=2, shards=4) + LONG + "\n" + "crlf line\r\n"
     pod = stack.enter_context(Pod(tmp_path, "sglang", text, namespace="ml", pod="kimi-0", container="engine", tp=2))
     uid = pod.pod_uid.replace("-", "_")
@@ -252,7 +253,8 @@ def test_pod_looks_like_a_kubernetes_container(tmp_path: Path, root: None, stack
     assert pod.name == "ml/kimi-0" and pod.port == 30000
 
 
-def test_rotation_and_restart_follow_the_kubelet(tmp_path: Path, root: None, stack: contextlib.ExitStack) -> None:
+@pytest.mark.root
+def test_rotation_and_restart_follow_the_kubelet(tmp_path: Path, stack: contextlib.ExitStack) -> None:
     text = "".join(f"line {i}\n" for i in range(40))
     pod = stack.enter_context(Pod(tmp_path, "vllm", text, tp=1, port=8000, line_delay=0.03))
     poll(lambda: len(read_cri(pod.log_path)) >= 5, what="first lines")
@@ -278,7 +280,8 @@ def test_rotation_and_restart_follow_the_kubelet(tmp_path: Path, root: None, sta
     assert poll(lambda: http_status(f"http://{pod.address}:8000/health"), what="health after restart") == 200
 
 
-def test_two_pods_serve_on_the_same_port(tmp_path: Path, root: None, stack: contextlib.ExitStack) -> None:
+@pytest.mark.root
+def test_two_pods_serve_on_the_same_port(tmp_path: Path, stack: contextlib.ExitStack) -> None:
     text = transcripts.sglang_healthy(tp=1)
     pods = [stack.enter_context(Pod(tmp_path, "sglang", text, final="serve", tp=1)),
             stack.enter_context(Pod(tmp_path, "sglang", text, final="serve", tp=1, fmt="crio",
@@ -296,7 +299,8 @@ def test_two_pods_serve_on_the_same_port(tmp_path: Path, root: None, stack: cont
         assert ["00000000:7530", "0A"] in [[r[1], r[3]] for r in listen]  # 0.0.0.0:30000 LISTEN in its netns
 
 
-def test_docker_json_file_container(tmp_path: Path, root: None, stack: contextlib.ExitStack) -> None:
+@pytest.mark.root
+def test_docker_json_file_container(tmp_path: Path, stack: contextlib.ExitStack) -> None:
     text = transcripts.sglang_until_shards(tp=1, shards=2) + LONG + "\n"
     box = stack.enter_context(DockerContainer(tmp_path, "sglang", text, name="kimi", tp=1))
     assert box.log_path == tmp_path / f"root/var/lib/docker/containers/{box.container_id}/{box.container_id}-json.log"
@@ -322,7 +326,8 @@ def test_docker_json_file_container(tmp_path: Path, root: None, stack: contextli
     assert sizes[-3:] == [16384, 16384, 8192 + 1]
 
 
-def test_docker_local_driver_writes_nothing_readable(tmp_path: Path, root: None, stack: contextlib.ExitStack) -> None:
+@pytest.mark.root
+def test_docker_local_driver_writes_nothing_readable(tmp_path: Path, stack: contextlib.ExitStack) -> None:
     box = stack.enter_context(DockerContainer(tmp_path, "llamacpp", transcripts.llamacpp_healthy(), tp=1,
                                               port=8080, netns=False, driver="local"))
     assert box.log_path is not None and box.log_path.name == "container.log"
@@ -334,7 +339,8 @@ def test_docker_local_driver_writes_nothing_readable(tmp_path: Path, root: None,
         "NetworkSettings"]["Networks"]
 
 
-def test_systemd_unit_logs_to_the_journal(tmp_path: Path, root: None, stack: contextlib.ExitStack) -> None:
+@pytest.mark.root
+def test_systemd_unit_logs_to_the_journal(tmp_path: Path, stack: contextlib.ExitStack) -> None:
     text = transcripts.sglang_until_shards(tp=1, shards=2)
     name = f"kimi-{os.getpid()}.service"  # unique: concurrent runs must not share a unit's cgroup
     unit = stack.enter_context(SystemdUnit(tmp_path, "sglang", text, unit=name, tp=1))
@@ -350,7 +356,8 @@ def test_systemd_unit_logs_to_the_journal(tmp_path: Path, root: None, stack: con
     assert stamps == sorted(stamps) and len({e["__CURSOR"] for e in entries}) == len(entries)
 
 
-def test_everything_is_removed_when_a_test_fails(tmp_path: Path, root: None) -> None:
+@pytest.mark.root
+def test_everything_is_removed_when_a_test_fails(tmp_path: Path) -> None:
     with pytest.raises(ZeroDivisionError), Pod(tmp_path, "sglang", "hello\n", tp=1) as pod:
         netns, cgroup_dirs, pid, shim = pod.netns, pod.cgroup.dirs, pod.pid, pod.shim_pid
         assert netns is not None and all(d.is_dir() for d in cgroup_dirs)

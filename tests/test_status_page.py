@@ -19,10 +19,6 @@ import psutil
 import pytest
 from prometheus_client import CollectorRegistry
 
-import transcripts
-from conftest import require
-from harness import SIM_BIN, Engine, Exporter, free_port, gpus, poll
-from sandbox import DockerContainer, Pod, SystemdUnit, require_root
 from stallwatch.config import Config
 from stallwatch.config.web import WebConfig
 from stallwatch.discovery.processes import ProcessKey
@@ -32,6 +28,10 @@ from stallwatch.runtime import Runtime
 from stallwatch.signals.history import History, Point
 from stallwatch.web.routes import make_app, status_path
 from stallwatch.web.statuspage import series
+from support import transcripts
+from support.harness import Engine, Exporter, free_port, gpus, poll, require
+from support.paths import SIM_BIN
+from support.sandbox import DockerContainer, Pod, SystemdUnit
 
 WAIT_FRAME = "wait_for_draft_hidden_states"  # where the simulated engine's processes sleep (tests/sim)
 SECRET = "SECRET-PROMPT-7f3a9c"
@@ -176,9 +176,9 @@ def test_post_ready_hang_from_the_token_history(engine, exporter, work: dict, ve
     assert "last probe http://" in body
 
 
+@pytest.mark.root
 def test_pod_container_and_unit_pages_show_the_engines_own_lines(tmp_path: Path, exporter) -> None:
     """CRI, json-file and journal framing are gone from the lines shown: the tail sees the decoded text."""
-    require_root()
     last = "Loading safetensors checkpoint shards: 100% Completed | 8/8"
     log = transcripts.sglang_until_shards(tp=1, shards=8)
     with contextlib.ExitStack() as stack:

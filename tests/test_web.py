@@ -20,37 +20,14 @@ import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily
 
-from harness import Exporter, poll
 from stallwatch.config.reader import ConfigError
 from stallwatch.config.web import WebConfig, parse
 from stallwatch.web.auth import BasicAuth
 from stallwatch.web.exposition import SharedCollection, gzip_accepted, restrict
 from stallwatch.web.routes import make_app, serve
 from stallwatch.web.server import HeadError, HttpServer, Limits, parse_head
-
-# --- certificates: a throwaway CA, server and client certificates (openssl CLI) --------------------------------
-
-
-def _openssl(*args: str) -> None:
-    subprocess.run(["openssl", *args], check=True, capture_output=True)
-
-
-def make_ca(tmp: Path, name: str) -> tuple[Path, Path]:
-    key, pem = tmp / f"{name}.key", tmp / f"{name}.pem"
-    _openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout", str(key),
-             "-out", str(pem), "-days", "2", "-subj", f"/CN={name}")
-    return pem, key
-
-
-def make_cert(tmp: Path, name: str, ca: tuple[Path, Path],
-              san: str = "IP:127.0.0.1,IP:::1,DNS:localhost") -> tuple[Path, Path]:
-    key, csr, pem, ext = (tmp / f"{name}.{suffix}" for suffix in ("key", "csr", "pem", "ext"))
-    ext.write_text(f"subjectAltName={san}\n")
-    _openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout", str(key),
-             "-out", str(csr), "-subj", f"/CN={name}")
-    _openssl("x509", "-req", "-in", str(csr), "-CA", str(ca[0]), "-CAkey", str(ca[1]), "-CAcreateserial",
-             "-out", str(pem), "-days", "2", "-extfile", str(ext))
-    return pem, key
+from support.certs import make_ca, make_cert
+from support.harness import Exporter, poll
 
 
 @pytest.fixture(scope="module")
@@ -299,6 +276,7 @@ def _exporter_exit(tmp: Path, web_yml: str) -> subprocess.CompletedProcess[str]:
                            f"--web.config.file={path}"], capture_output=True, text=True, timeout=60)
 
 
+@pytest.mark.process
 def test_bad_web_config_exits_2_naming_the_key(tmp_path: Path) -> None:
     done = _exporter_exit(tmp_path, "tls_server_config:\n  cert_file: x.pem\n  key_file: x.key\n"
                                     "  client_auth_type: Never\n")
@@ -314,6 +292,7 @@ def test_bad_web_config_exits_2_naming_the_key(tmp_path: Path) -> None:
     assert done.returncode == 2 and "not a regular file" in done.stderr
 
 
+@pytest.mark.process
 def test_basic_auth_headers_and_tls_through_the_exporter(tmp_path: Path, pki: SimpleNamespace) -> None:
     web = tmp_path / "web.yml"
     web.write_text(f"tls_server_config:\n  cert_file: {pki.server[0]}\n  key_file: {pki.server[1]}\n"
@@ -367,6 +346,7 @@ def test_client_certificate_modes(tmp_path: Path, pki: SimpleNamespace, mode: st
         server.shutdown()
 
 
+@pytest.mark.process
 def test_certificate_is_reloaded_when_its_file_changes(tmp_path: Path, pki: SimpleNamespace) -> None:
     cert, key = tmp_path / "cert.pem", tmp_path / "cert.key"
     cert.write_bytes(pki.server[0].read_bytes())
@@ -403,6 +383,7 @@ def _has_ipv6_loopback() -> bool:
         return False
 
 
+@pytest.mark.process
 @pytest.mark.skipif(not _has_ipv6_loopback(), reason="no IPv6 loopback")
 def test_dual_stack_port(tmp_path: Path) -> None:
     exporter = Exporter(tmp_path, listen_host="")
@@ -413,6 +394,7 @@ def test_dual_stack_port(tmp_path: Path) -> None:
         exporter.stop()
 
 
+@pytest.mark.process
 def test_real_exporter_head_405_gzip_and_names(tmp_path: Path) -> None:
     exporter = Exporter(tmp_path)
     try:

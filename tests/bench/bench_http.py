@@ -23,7 +23,8 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from test_load import (
+from support.harness import poll
+from support.load import (
     Rig,
     concurrent_scrapers,
     cpu_percent,
@@ -35,8 +36,6 @@ from test_load import (
     tls_beside_handshakeless,
     wait_ready,
 )
-
-from harness import poll
 
 
 def scrapers(rig: Rig, args: argparse.Namespace) -> None:

@@ -17,8 +17,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import transcripts
 from stallwatch.logs.formats import CriDecoder, Decoder, DockerJsonDecoder
+from support import transcripts
 
 READ_BYTES = 1 << 20  # the follower's read size (stallwatch.logfollow CHUNK_BYTES)
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -26,12 +25,11 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import transcripts
-from harness import Exporter
-from stallwatch.config import Config, Discovery, ServerSpec
-from stallwatch.discovery.watcher import Watcher
 from stallwatch.discovery.workload import LogSource
 from stallwatch.signals.logs import LogManager
+from support import transcripts
+from support.harness import Exporter
+from support.watchers import log_watcher
 
 MTAIL_PROGRAM = 'counter decode_lines\n/Decode batch, #running-req: (\\d+)/ {\n  decode_lines++\n}\n'
 
@@ -55,8 +53,7 @@ def ingest(path: Path, fmt: str = "plain", text_size: int | None = None) -> tupl
     """Follow `path` (in format `fmt`, whose engine text is `text_size` bytes) from its start to its end;
     seconds taken, lines counted, final phase."""
     target = Path(f"{path}.{time.monotonic_ns()}.link")
-    spec = ServerSpec(engine="sglang", name="bench", cmdline=re.compile("no-such-process"), logs=(str(target),))
-    watcher = Watcher(Config(servers=(spec,), discovery=Discovery(enabled=False)))
+    watcher = log_watcher({"bench": [target]})
     server = watcher.servers()[0]
     server.launch = dataclasses.replace(server.launch, log_sources=(LogSource(str(target), str(target), fmt),))
     manager = LogManager(watcher, poll_interval=1.0)

@@ -1,6 +1,6 @@
 """Scrape latency, memory and CPU of the exporter, side by side with Debian's prometheus-process-exporter.
 
-Setup: 8 fake GPUs (tests/fakes/pynvml.py), one simulated SGLang server of 17 processes (main, 14
+Setup: 8 fake GPUs (tests/support/fakes/pynvml.py), one simulated SGLang server of 17 processes (main, 14
 schedulers, detokenizer, resource tracker) and 2 probes. Both exporters watch the same tree and are scraped alternately.
 
     .venv/bin/python tests/bench/bench_scrape.py [--scrapes 1000] [--idle-seconds 60]
@@ -22,8 +22,8 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import transcripts
-from harness import Engine, Exporter, free_port, gpus, poll
+from support import transcripts
+from support.harness import Engine, Exporter, free_port, gpus, poll
 
 
 def fetch(url: str) -> float:

@@ -22,10 +22,10 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import transcripts
-from harness import Engine, Exporter, gpus, poll
 from stallwatch.signals.history import SPAN_SECONDS, History
 from stallwatch.web.routes import status_path
+from support import transcripts
+from support.harness import Engine, Exporter, gpus, poll
 
 CONFIG = "defaults:\n  stall:\n    log_stale: 1s\nweb:\n  history_interval: 1s\n  show_evidence: {evidence}\n"
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -15,15 +16,22 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-ROOT = Path(__file__).resolve().parent.parent
-FAKES = ROOT / "tests" / "fakes"
-SIM_PKGS = ROOT / "tests" / "sim" / "pkgs"
-SIM_BIN = ROOT / "tests" / "sim" / "bin"
+from support.paths import FAKES, SIM_BIN, SIM_PKGS
+
 T = TypeVar("T")
 
 GIB = 2**30
+
+
+def require(binary: str) -> str:
+    """The path of `binary`; the test fails (not skips) without it: the README's test command installs it."""
+    path = shutil.which(binary)
+    if path is None:
+        pytest.fail(f"{binary} is not installed; the README's test command installs it")
+    return path
 
 
 def free_port() -> int:
@@ -58,7 +66,7 @@ def gpus(count: int = 8, used: float = 76e9, util: int = 0, **extra: object) -> 
 
 
 class FakeNvml:
-    """The scenario file read by tests/fakes/pynvml.py; `update` rewrites it atomically."""
+    """The scenario file read by tests/support/fakes/pynvml.py; `update` rewrites it atomically."""
 
     def __init__(self, path: Path, scenario: dict) -> None:
         self.path = path

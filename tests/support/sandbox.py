@@ -40,7 +40,8 @@ from typing import TypeVar
 
 import pytest
 
-from harness import ENGINE_COMMANDS, SIM_BIN, SIM_PKGS, poll
+from support.harness import ENGINE_COMMANDS, poll
+from support.paths import SIM_BIN, SIM_PKGS
 
 SHIM = SIM_BIN / "cri-shim"
 BENCH_NET = ipaddress.IPv4Network("198.18.0.0/15")  # RFC 2544 benchmarking range: never routed anywhere

@@ -1,0 +1,41 @@
+"""Configs for the tests: the contract's example (`GOOD`), the parser with the registered collectors' sections,
+and `stallwatch check-config` as a process."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from stallwatch import config
+from stallwatch.collectors import sections
+
+GOOD = """\
+servers:
+  - name: kimi-eagle3
+    engine: sglang
+    match:
+      cmdline: 'sglang\\.launch_server'
+    logs: [/data/eagle3/logs/sglang.log]
+    probes:
+      - url: http://127.0.0.1:30000/health
+        timeout: 5s
+        interval: 15s
+    gpus: auto
+    stall:
+      gpu_memory_bytes: 70e9
+      log_stale: 10m
+gpu: {enabled: true}
+"""
+
+
+def parse(text: str, file: str = "<config>") -> config.Config:
+    return config.parse(text, sections(), file)
+
+
+def check_config(tmp_path: Path, text: str | None, name: str = "c.yml") -> subprocess.CompletedProcess[str]:
+    path = tmp_path / name
+    if text is not None:
+        path.write_text(text)
+    return subprocess.run([sys.executable, "-m", "stallwatch", "check-config", str(path)],
+                          capture_output=True, text=True, timeout=30)
