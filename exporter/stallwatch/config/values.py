@@ -1,4 +1,4 @@
-"""The converters that check one YAML value for a config field (`yaml.setting`): each returns the value it
+"""The converters that check one YAML value for a config field (`reader.setting`): each returns the value it
 accepts or raises ValueError with what was expected."""
 
 from __future__ import annotations

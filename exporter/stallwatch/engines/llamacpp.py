@@ -10,7 +10,7 @@ ENGINE = Engine(
     cmdline=re.compile(r"(?:^|/)llama-server(?:\s|$)"),
     default_port=8080,
     model_flags=("--model", "-m", "--hf-repo", "-hf"),
-    # `tools/server/server.cpp` metrics handler (engines.md §5), only with `--metrics`: it posts a task to the main
+    # ggml-org/llama.cpp `tools/server/server.cpp` metrics handler, only with `--metrics`: it posts a task to the main
     # loop and waits for it, so a hanging `/metrics` is itself the sign of a stuck decode loop.
     metrics=MetricsSpec(running="llamacpp:requests_processing", waiting="llamacpp:requests_deferred",
                         tokens="llamacpp:tokens_predicted_total", needs_flag=("--metrics",)),

@@ -16,7 +16,7 @@ ENGINE = Engine(
     routine_lines=re.compile(rb"\n\[[^\]\n]*\] (?:Prefill|Decode) batch[,.][^\n]*"),
     model_flags=("--model-path", "--model"),
     tp_flags=("--tp-size", "--tensor-parallel-size", "--tp"),
-    # `srt/observability/metrics_collector.py` (engines.md §1.5): served at `/metrics` on the API port only with
+    # `srt/observability/metrics_collector.py`: served at `/metrics` on the API port only with
     # `--enable-metrics`. Schedulers report with labels `model_name`, `tp_rank`, `pp_rank` (and `dp_rank`); with
     # `--enable-metrics-for-all-schedulers` every TP/PP rank repeats its DP group's figures: the largest is taken
     # over those, then DP groups are summed.

@@ -14,7 +14,7 @@ ENGINE = Engine(
     host_flags=("--hostname",),
     model_flags=("--model-id",),
     tp_flags=("--num-shard",),
-    # The router's `/metrics` on the API port (`router/src/server.rs:2240-2244`; engines.md §4):
+    # The router's `/metrics` on the API port (huggingface/text-generation-inference `router/src/server.rs:2240-2244`):
     # `tgi_batch_current_size` and `tgi_queue_size` gauges, `tgi_request_generated_tokens` a histogram recorded as
     # each request ends (its `_sum` is the generated-tokens counter: it moves when requests finish, not per token).
     metrics=MetricsSpec(running="tgi_batch_current_size", waiting="tgi_queue_size",

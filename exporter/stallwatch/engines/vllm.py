@@ -31,7 +31,7 @@ ENGINE = Engine(
             rb"(?P<throughput>[\d.]+) tokens/s, Running: (?P<running>\d+) reqs, (?:Swapped: \d+ reqs, )?"
             rb"(?:Waiting|Pending): (?P<waiting>\d+) reqs"), max_interval=10.0),
     ),
-    # Printed while stuck (engines.md §2.3): the shm ring buffer's notice every 60 s while workers hang
+    # Printed while stuck: the shm ring buffer's notice every 60 s while workers hang
     # (`distributed/device_communicators/shm_broadcast.py:111,761`), and 0.10/0.11's startup handshake notice every
     # 10 s (`v1/engine/utils.py:1449`, `Waiting for %d local, %d remote core engine proc(s) to start.`).
     heartbeats=heartbeats(r"No available shared memory broadcast block found in \d+ seconds",
