@@ -49,11 +49,11 @@ def select(watcher: Watcher, name: str | None) -> list[Server]:
 def assemble(server: Server, seen: Observation) -> ServerReport:
     """The report on `server` from what was seen of it, with the verdict."""
     events = {event: count for event, count in sorted(server.interpreter.snapshot().events.items()) if count}
+    launch = server.launch
     report = ServerReport(
-        name=server.name, identity=identity(server.launch, server), phase=phase_info(server), gpu=seen.gpu,
+        name=server.name, identity=identity(launch, server), phase=phase_info(server), gpu=seen.gpu,
         window_seconds=seen.window, processes=seen.processes, stacks=seen.stacks, port=seen.port,
-        engine_figures=seen.engine,
-        log=LogInfo([source.path for source in server.launch.log_sources], seen.log_lines, events),
+        engine_figures=seen.engine, log=LogInfo([source.path for source in launch.log_sources], seen.log_lines, events),
         verdict=Verdict("", ""))
     report.verdict = verdict(report, server.spec.stall.gpu_memory_bytes, server.spec.stall.log_stale)
     return report

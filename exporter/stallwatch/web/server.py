@@ -135,7 +135,7 @@ def _keep_alive(request: Request) -> bool:
     return no_body and "transfer-encoding" not in request.headers
 
 
-def render(response: Response, head_only: bool, keep: bool) -> bytes:
+def serialize(response: Response, head_only: bool, keep: bool) -> bytes:
     phrase = http.HTTPStatus(response.status).phrase
     lines = [f"HTTP/1.1 {response.status} {phrase}", f"Date: {email.utils.formatdate(usegmt=True)}",
              f"Content-Length: {len(response.body)}"]
@@ -373,7 +373,7 @@ class HttpServer:
             self._unwait(conn)
             self._tasks.put(conn)
         elif len(conn.buf) > self.limits.max_head_bytes or _head_end(conn.buf) >= 0:
-            _send_quietly(conn.sock, render(Response(431, [("Content-Type", "text/plain")], b"Request header "
+            _send_quietly(conn.sock, serialize(Response(431, [("Content-Type", "text/plain")], b"Request header "
                                                      b"fields too large.\n"), False, False))
             self._close(conn)
 
@@ -445,7 +445,7 @@ class HttpServer:
             request = parse_head(head, conn.peer)
         except HeadError as exc:
             response = Response(exc.status, [("Content-Type", "text/plain; charset=utf-8")], f"{exc}.\n".encode())
-            _send_quietly(conn.sock, render(response, False, False))
+            _send_quietly(conn.sock, serialize(response, False, False))
             return False
         keep = _keep_alive(request)
         try:
@@ -453,7 +453,7 @@ class HttpServer:
         except Exception:
             log.exception("handler failed for %s %s", request.method, request.target)
             response, keep = Response(500, [("Content-Type", "text/plain; charset=utf-8")], b"Internal error.\n"), False
-        if not self._send(conn, render(response, request.method == "HEAD", keep)):
+        if not self._send(conn, serialize(response, request.method == "HEAD", keep)):
             return False
         conn.idle = True
         conn.deadline = time.monotonic() + self.limits.idle_timeout
