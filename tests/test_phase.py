@@ -101,9 +101,8 @@ def test_relaunch_in_same_log_counts_restart_and_resets_shards() -> None:
 
 
 def test_vllm_0_33_healthy_startup() -> None:
-    assert phases("vllm", t.vllm_healthy()) == [
-        "launching", "loading_weights", "allocating_memory", "capturing_graphs", "allocating_memory",
-        "capturing_graphs", "warming_up", "serving",
+    assert phases("vllm", t.vllm_healthy()) == [  # torch.compile (Dynamo) is part of the profile run
+        "launching", "loading_weights", "allocating_memory", "capturing_graphs", "warming_up", "serving",
     ]
     snap = run("vllm", t.vllm_healthy()).snapshot()
     assert (snap.shards_loaded, snap.shards_expected) == (30, 30)

@@ -8,7 +8,7 @@ import re
 import pytest
 
 from stallwatch.engines import ENGINES
-from stallwatch.engines.base import SAFETENSORS_SHARDS, rule
+from stallwatch.engines.base import CHECKPOINT_SHARDS, Rule, rule
 from stallwatch.logs.prefilter import SHARDS, compile_rules, required_literals, strip_groups
 
 
@@ -36,7 +36,7 @@ def test_strip_groups(pattern: bytes, stripped: bytes) -> None:
 
 def test_compiled_rules_find_the_same_lines_as_the_rules_one_by_one() -> None:
     rules = list(ENGINES["sglang"].all_rules())
-    compiled = compile_rules(rules, SAFETENSORS_SHARDS)
+    compiled = compile_rules(rules, CHECKPOINT_SHARDS)
     assert compiled.prefilter is not None
     lines = [
         b"[2026-11-20 09:14:13 TP0] Load weight begin. avail mem=78.54 GB",
@@ -48,7 +48,7 @@ def test_compiled_rules_find_the_same_lines_as_the_rules_one_by_one() -> None:
     ]
     for line in lines:
         expected = {f"r{i}" for i, r in enumerate(rules) if r.pattern.search(line)}
-        if SAFETENSORS_SHARDS.search(line):
+        if CHECKPOINT_SHARDS.search(line):
             expected.add(SHARDS)
         found = {m.lastgroup for m in compiled.regex.finditer(line)}
         assert found == expected, line
@@ -68,3 +68,10 @@ def test_prefilter_is_a_prefix_trie() -> None:
     assert compiled.prefilter is not None
     assert compiled.prefilter.pattern.count(b"Shard") == 1
     assert re.search(compiled.prefilter, b"x Shard crashed") and not re.search(compiled.prefilter, b"Shard gone")
+
+
+def test_every_built_in_rule_gives_the_prefilter_a_literal() -> None:
+    """One rule without a literal turns the prefilter off for the engine's whole set (every line scanned)."""
+    for engine in ENGINES.values():
+        for r in (*engine.all_rules(), *([Rule(engine.shards)] if engine.shards else [])):
+            assert required_literals(r.pattern.pattern) is not None, (engine.name, r.pattern.pattern)

@@ -164,16 +164,23 @@ class Engine:
     def __init__(self, tmp: Path, engine: str, transcript: str, final: str = "stall", tp: int = 8,
                  port: int | None = None, burn_child_seconds: float = 0.0, load_http: str = "refuse",
                  line_delay: float = 0.0, log_name: str | None = None, prefix: list[str] | None = None,
-                 args: tuple[str, ...] = (), work: dict | None = None) -> None:
-        """`work`: the engine's own view once serving (requests, throughput, its `/metrics`; see enginesim)."""
+                 args: tuple[str, ...] = (), work: dict | None = None, on_sigterm: str | None = None) -> None:
+        """`work`: the engine's own view once serving (requests, throughput, its `/metrics`; see enginesim).
+        `on_sigterm`: what it logs when asked to stop."""
         self.port = port or free_port()
         self.log = tmp / (log_name or f"{engine}-{self.port}.log")
-        transcript_path = tmp / f"{engine}-{self.port}.transcript"
+        stem = tmp / f"{engine}-{self.port}"
+        transcript_path = stem.with_suffix(".transcript")
         transcript_path.write_text(transcript)
-        scenario = tmp / f"{engine}-{self.port}.json"
+        scenario = stem.with_suffix(".json")
+        extra: dict[str, object] = {"work": work} if work is not None else {}
+        if on_sigterm is not None:
+            stop_path = stem.with_suffix(".on-sigterm")
+            stop_path.write_text(on_sigterm)
+            extra["on_sigterm"] = str(stop_path)
         scenario.write_text(json.dumps({
             "transcript": str(transcript_path), "final": final, "burn_child_seconds": burn_child_seconds,
-            "load_http": load_http, "line_delay": line_delay, **({"work": work} if work is not None else {}),
+            "load_http": load_http, "line_delay": line_delay, **extra,
         }))
         env = dict(os.environ, ENGINESIM_SCENARIO=str(scenario),
                    PYTHONPATH=f"{SIM_PKGS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
@@ -185,6 +192,11 @@ class Engine:
             self.proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT,
                                          start_new_session=True)
         self.name = f"{engine}-{self.port}"
+
+    def terminate(self) -> None:
+        """SIGTERM to the main process only, as Kubernetes and Docker stop a container's PID 1."""
+        self.proc.terminate()
+        self.proc.wait(10)
 
     def stop(self) -> None:
         with contextlib.suppress(ProcessLookupError):

@@ -9,7 +9,15 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from support.paths import ROOT
+
 SG_DAY = "2026-11-20"
+REAL_LOGS = ROOT / "tests" / "fixtures" / "logs"  # excerpts of published logs, sources in SOURCES.md there
+
+
+def real(name: str) -> str:
+    """A published log excerpt from tests/fixtures/logs (its source in SOURCES.md)."""
+    return (REAL_LOGS / name).read_bytes().decode()  # not read_text(): it would turn tqdm's `\r` into `\n`
 
 
 def _sg(clock: str, message: str, rank: int | None = None) -> str:

@@ -128,7 +128,8 @@ class Config:
 
 
 def _patterns(r: Reader, node: yaml.Node, path: str) -> tuple[Rule, ...]:
-    """`patterns: {<phase>: [regex...], events: {<event>: [regex...]}}`"""
+    """`patterns: {<phase>: [regex...], events: {<event>: [regex...]}}`; a `launching` pattern is the server's
+    launch banner (a line it prints once per launch)."""
     keys = r.mapping(node, path, {*PHASES, "events"})
     rules: list[Rule] = []
     for key, value_node in keys.items():
@@ -136,11 +137,11 @@ def _patterns(r: Reader, node: yaml.Node, path: str) -> tuple[Rule, ...]:
             for event, list_node in r.mapping(value_node, f"{path}.events", set(EVENTS)).items():
                 rules += _rule_list(r, list_node, f"{path}.events.{event}", event=event)
         else:
-            rules += _rule_list(r, value_node, f"{path}.{key}", phase=key)
+            rules += _rule_list(r, value_node, f"{path}.{key}", phase=key, launch=key == "launching")
     return tuple(rules)
 
 
-def _rule_list(r: Reader, node: yaml.Node, path: str, **meaning: str) -> list[Rule]:
+def _rule_list(r: Reader, node: yaml.Node, path: str, **meaning: str | bool) -> list[Rule]:
     patterns = r.items(node, path, lambda n, p: r.scalar(n, p, log_regex))
     return [Rule(pattern, **meaning) for pattern in patterns]
 

@@ -28,14 +28,26 @@ class Rule:
     pattern: re.Pattern[bytes]
     phase: str | None = None
     event: str | None = None
+    # The engine's own launch banner, printed once per launch: a new launch (a restart after the first), and where
+    # a restarted exporter replays a log from. Other `launching` lines (a speculative draft model's second
+    # distributed init) only start a launch when none was seen.
+    launch: bool = False
+    # The engine says it was asked to stop (SIGTERM): the failure lines that follow in this launch are its own
+    # shutdown (SGLang's children "crashed with exit code -15"), and the process that then exits is stopped.
+    stop: bool = False
+    # False: one request's error prints this line too (a traceback), so it means something only before serving.
+    serving: bool = True
 
 
-def rule(regex: str, phase: str | None = None, event: str | None = None) -> Rule:
+def rule(regex: str, phase: str | None = None, event: str | None = None, *, launch: bool = False,
+         stop: bool = False, serving: bool = True) -> Rule:
     if phase is not None and phase not in PHASES:
         raise ValueError(f"unknown phase {phase!r}")
     if event is not None and event not in EVENTS:
         raise ValueError(f"unknown event {event!r}")
-    return Rule(re.compile(regex.encode(), re.MULTILINE), phase, event)
+    if launch and phase != "launching":
+        raise ValueError("a launch banner is a launching line")
+    return Rule(re.compile(regex.encode(), re.MULTILINE), phase, event, launch, stop, serving)
 
 
 # Lines printed by PyTorch, NCCL and Python itself, whatever engine runs on top of them.
@@ -45,12 +57,20 @@ COMMON_RULES: tuple[Rule, ...] = (
     rule(r"ProcessGroupNCCL's watchdog got stuck|This typically indicates a NCCL/CUDA API", event="nccl_timeout"),
     rule(r"Exception \(either an error or timeout\) detected by watchdog", event="nccl_timeout"),
     rule(r"CUDA out of memory|OutOfMemoryError", event="oom"),
-    rule(r"Traceback \(most recent call last\)", event="fatal"),
+    # A traceback is fatal before serving; once serving, one request's error prints one too (the API server keeps
+    # serving: vLLM's `serving_chat.py`, SGLang's `serving_base.py` `Error in request:`), and an engine that dies
+    # says so in its own words (each engine's rules).
+    rule(r"Traceback \(most recent call last\)", event="fatal", serving=False),
     rule(r"terminate called after throwing an instance", event="fatal"),
 )
 
-# `Loading safetensors checkpoint shards:  50% Completed | 4/8 [...]` (SGLang and vLLM share the tqdm format).
-SAFETENSORS_SHARDS = re.compile(rb"Loading safetensors checkpoint shards:\s*\d+% Completed \| (\d+)/(\d+)")
+# `Loading safetensors checkpoint shards:  50% Completed | 4/8 [...]`: SGLang and vLLM share the tqdm format
+# (`{desc}: {percentage:3.0f}% Completed | {n_fmt}/{total_fmt} [...]`) and name the bar by loader: SGLang's
+# `model_loader/weight_utils.py` has `Multi-thread loading shards` (its default loader since 2026-04), `... pt
+# checkpoint shards` and `np_cache`; vLLM's eager strategy appends ` (eager)`.
+CHECKPOINT_SHARDS = re.compile(
+    rb"(?:Loading (?:safetensors|pt|np_cache) checkpoint shards|Multi-thread loading (?:pt checkpoint )?shards)"
+    rb"(?: \(eager\))?:\s*\d+% Completed \| (\d+)/(\d+)")
 
 
 class Figures(NamedTuple):

@@ -15,11 +15,14 @@ ENGINE = Engine(
     metrics=MetricsSpec(running="llamacpp:requests_processing", waiting="llamacpp:requests_deferred",
                         tokens="llamacpp:tokens_predicted_total", needs_flag=("--metrics",)),
     rules=(
-        rule(r"^build: \d+", phase="launching"),
+        rule(r"^build: \d+", phase="launching", launch=True),
         rule(r"main: loading model|load_model: loading model|llama_model_loader: ", phase="loading_weights"),
         rule(r"llama_kv_cache|llama_context: ", phase="allocating_memory"),
         rule(r"main: model loaded|warming up the model", phase="warming_up"),
         rule(r"main: server is listening on|starting the main loop|all slots are idle", phase="serving"),
         rule(r"main: exiting due to|couldn't bind HTTP server socket", phase="failed", event="fatal"),
+        # A stop: the signal handler's `cleaning up before exit...` (`tools/server/server.cpp`, spelled
+        # `operator()` or `operator ()` by the compiler), and a second SIGINT's `Received second interrupt`.
+        rule(r"cleaning up before exit|Received second interrupt, terminating immediately", stop=True),
     ),
 )

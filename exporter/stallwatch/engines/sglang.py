@@ -4,14 +4,14 @@
 
 import re
 
-from stallwatch.engines.base import SAFETENSORS_SHARDS, Engine, MetricsSpec, StatsLine, rule
+from stallwatch.engines.base import CHECKPOINT_SHARDS, Engine, MetricsSpec, StatsLine, rule
 
 ENGINE = Engine(
     name="sglang",
     cmdline=re.compile(r"sglang\.launch_server|(?:^|/)sglang serve\b"),
     default_port=30000,
     role_title=re.compile(r"^sglang::(?P<role>[A-Za-z0-9_]+)"),
-    shards=SAFETENSORS_SHARDS,
+    shards=CHECKPOINT_SHARDS,
     # `[time TPn] Prefill batch, ...` / `Decode batch, ...` (srt/managers/scheduler_components/metrics_reporter.py)
     routine_lines=re.compile(rb"\n\[[^\]\n]*\] (?:Prefill|Decode) batch[,.][^\n]*"),
     model_flags=("--model-path", "--model"),
@@ -34,22 +34,35 @@ ENGINE = Engine(
             max_interval=10.0),
     ),
     rules=(
-        rule(r"server_args=ServerArgs\(", phase="launching"),
+        # The launch banner, once per launch from the main process (`srt/entrypoints/engine.py`
+        # `_launch_subprocesses`); a speculative draft model (EAGLE, EAGLE3, MTP/NEXTN, DFLASH) repeats the
+        # target's `Init torch distributed begin.`, `Load weight begin.`, shard bar and `Load weight end.` without it.
+        rule(r"server_args=ServerArgs\(", phase="launching", launch=True),
         rule(r"Init parallel begin\.|Init torch distributed begin\.", phase="launching"),
         rule(r"Load weight begin\.", phase="loading_weights"),
         rule(r"Load weight end\.|KV Cache is allocated\.|Memory pool end\.", phase="allocating_memory"),
-        rule(r"Capture (?:target|draft) \w+ CUDA graph begin|Capture cuda graph begin", phase="capturing_graphs"),
+        # `Capture {target|draft} {prefill|decode|verify|extend} CUDA graph begin` (`model_runner_components/
+        # cuda_graph_setup.py`, since 2026-06), older `Capture cuda graph begin`, `Capture draft [extend] cuda graph
+        # begin` (`speculative/eagle_worker.py`), `Capture piecewise CUDA graph begin`.
+        rule(r"Capture (?:[\w-]+ ){0,2}(?:CUDA|cuda) graph begin", phase="capturing_graphs"),
         rule(r"Capturing batches \(", phase="capturing_graphs"),
         rule(r"max_total_num_tokens=\d+|Engine startup timings", phase="warming_up"),
         rule(r"Started server process|Application startup complete\.|Uvicorn running on", phase="warming_up"),
         rule(r"The server is fired up and ready to roll!", phase="serving"),
         rule(r"\] (?:Prefill|Decode) batch[,.]", phase="serving"),
-        rule(r"Scheduler hit an exception", phase="failed", event="fatal"),
-        rule(r"Rank \d+ scheduler died during initialization|Rank \d+ scheduler is dead\.",
+        # A stop: `SIGTERM received. signum=None frame=None. Draining requests and shutting down...` (its handler in
+        # `srt/managers/tokenizer_manager.py`, set at the first request), `Signal SIGTERM received while health check
+        # failed. Force exiting.`; a child ended by SIGTERM (`Subprocess scheduler_0 (pid=N) crashed with exit code
+        # -15.`, `srt/utils/watchdog.py`) when the whole group got it (systemd's stop). The `SIGQUIT received` that
+        # follows is the shutdown's, not a crash.
+        rule(r"SIGTERM received(?:\. .*Draining requests| while (?:health check failed|force shutdown))", stop=True),
+        rule(r"crashed with exit code -15\.|scheduler died during initialization \(exit code: -15\)", stop=True),
+        rule(r"(?:Scheduler|DetokenizerManager|TokenizerManager) hit an exception", phase="failed", event="fatal"),
+        rule(r"Rank \d+ scheduler died during initialization(?! \(exit code: -15\))|Rank \d+ scheduler is dead\.",
              phase="failed", event="fatal"),
         rule(r"Initialization failed\.", phase="failed", event="fatal"),
         rule(r"Capture cuda graph failed", phase="failed", event="fatal"),
-        rule(r"crashed with exit code -?\d+\. Triggering SIGQUIT", phase="failed", event="fatal"),
+        rule(r"crashed with exit code (?!-15\.)-?\d+\. Triggering SIGQUIT", phase="failed", event="fatal"),
         rule(r"Received sigquit from a child process|SIGQUIT received\.", phase="failed", event="fatal"),
         rule(r"Scheduler watchdog timeout", phase="failed", event="fatal"),
         rule(r"Health check failed\. Server couldn't get a response", event="stall_warning"),

@@ -22,7 +22,8 @@ ENGINE = Engine(
     # The launcher's wait loop prints this every 10 s for as long as a shard is not ready (`launcher/src/main.rs:1244`).
     heartbeats=heartbeats(r"Waiting for shard to be ready\.\.\."),
     rules=(
-        rule(r"text_generation_launcher: Args \{|Starting check and download process", phase="launching"),
+        rule(r"text_generation_launcher: Args \{", phase="launching", launch=True),
+        rule(r"Starting check and download process", phase="launching"),
         rule(r"Starting shard|Waiting for shard to be ready", phase="loading_weights"),
         rule(r"Shard ready in|Starting Webserver|Warming up model|Setting max batch total tokens",
              phase="warming_up"),
@@ -30,6 +31,11 @@ ENGINE = Engine(
         rule(r": Connected\r?$", phase="serving"),
         rule(r"Shard \d+ crashed|Webserver Crashed|Shard \d+ failed to start", phase="failed", event="fatal"),
         rule(r"Shard process was signaled to shutdown", phase="failed", event="fatal"),
-        rule(r"Method \S+ encountered an error", event="fatal"),
+        # One request's error: the shard logs it with a traceback and goes on (the client gets 424); a shard that
+        # dies of it says `Shard N crashed` (`server/text_generation_server/interceptor.py`).
+        rule(r"Method \S+ encountered an error", event="fatal", serving=False),
+        # A stop: the launcher's `terminate()` (`launcher/src/main.rs`) logs `Terminating webserver` after SIGTERM or
+        # SIGINT; after a crash too, but then the launch has failed already.
+        rule(r"Terminating webserver|signal received, starting graceful shutdown", stop=True),
     ),
 )

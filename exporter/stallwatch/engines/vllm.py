@@ -4,7 +4,7 @@
 
 import re
 
-from stallwatch.engines.base import SAFETENSORS_SHARDS, Engine, MetricsSpec, StatsLine, heartbeats, rule
+from stallwatch.engines.base import CHECKPOINT_SHARDS, Engine, MetricsSpec, StatsLine, heartbeats, rule
 
 ENGINE = Engine(
     name="vllm",
@@ -12,7 +12,7 @@ ENGINE = Engine(
     default_port=8000,
     default_host="0.0.0.0",
     role_title=re.compile(r"^VLLM::(?P<role>[A-Za-z0-9_]+)"),
-    shards=SAFETENSORS_SHARDS,
+    shards=CHECKPOINT_SHARDS,
     model_flags=("--model",),
     model_command="serve",
     tp_flags=("--tensor-parallel-size", "-tp"),
@@ -37,23 +37,42 @@ ENGINE = Engine(
     heartbeats=heartbeats(r"No available shared memory broadcast block found in \d+ seconds",
                           r"Waiting for [\d, a-z]+ core engine proc\(s\) to start"),
     rules=(
-        rule(r"vLLM (?:API )?server version|non-default args:", phase="launching"),
+        # The API server's banner, once per launch (`entrypoints/common/startup.py`); each DP engine core prints its
+        # own `Initializing a V1 LLM engine`.
+        rule(r"vLLM (?:API )?server version|non-default args:", phase="launching", launch=True),
         rule(r"Initializing an? (?:V1 )?LLM engine", phase="launching"),
         rule(r"Starting to load model|Loading drafter model|Using model weights format", phase="loading_weights"),
         rule(r"Loading weights took|Model loading took|Memory profiling takes", phase="allocating_memory"),
+        # The profile run that sizes the KV cache: torch.compile runs inside its first forward up to 0.16
+        # (`Dynamo bytecode transform time`, `Compiling a graph for ...`, `torch.compile takes X s in total`,
+        # `compilation/monitor.py`), before it from 0.19 (`torch.compile took`, `Initial profiling/warmup run
+        # took`), then `Profiling CUDA graph memory` / `Estimated CUDA graph memory` (0.21+) and the KV cache
+        # size; `Capturing CUDA graphs` comes after all of it (`v1/worker/gpu_worker.py`
+        # `determine_available_memory`, `v1/engine/core.py` `_initialize_kv_caches`).
+        rule(r"Dynamo bytecode transform time|Compiling a graph for|torch\.compile (?:takes|took) [\d.]+ s in total",
+             phase="allocating_memory"),
+        rule(r"Initial profiling/warmup run took|Profiling CUDA graph memory|Estimated CUDA graph memory",
+             phase="allocating_memory"),
         rule(r"Available KV cache memory|KV cache size: [\d,]+ tokens|# GPU blocks:", phase="allocating_memory"),
-        rule(r"Capturing CUDA graphs|Capturing cudagraphs|Capturing the model for CUDA graphs",
+        rule(r"Capturing CUDA graph(?:s| shapes)|Capturing cudagraphs|Capturing the model for CUDA graphs",
              phase="capturing_graphs"),
-        rule(r"Dynamo bytecode transform time|Compiling a graph for", phase="capturing_graphs"),
         rule(r"Graph capturing finished|init engine \(profile, create kv cache, warmup model\) took",
              phase="warming_up"),
         rule(r"Starting vLLM (?:API )?server|Supported tasks:|Available routes are", phase="warming_up"),
         rule(r"Application startup complete\.", phase="serving"),
         rule(r"Avg prompt throughput: [\d.]+ tokens/s", phase="serving"),
+        # A stop (SIGTERM, SIGINT): the API server's handler cancels uvicorn and logs `Shutting down FastAPI HTTP
+        # server.` (`entrypoints/launcher.py`, up to 0.22), `[shutdown] API server: shutdown triggered` and the
+        # engine core's `[shutdown] EngineCore: trigger received signal=SIGTERM` from 0.24 (`v1/engine/core.py`).
+        # An engine death stops uvicorn without either (`Finished server process` after `EngineCore encountered a
+        # fatal error.`).
+        rule(r"Shutting down FastAPI HTTP server|\[shutdown\] (?:API server: shutdown triggered|EngineCore: trigger "
+             r"received signal)", stop=True),
         rule(r"EngineCore failed to start|EngineCore encountered a fatal error", phase="failed", event="fatal"),
         rule(r"Engine core initialization failed|engine core exited unexpectedly", phase="failed", event="fatal"),
-        rule(r"Engine core process \S+ died unexpectedly|Worker proc \S+ died unexpectedly",
+        rule(r"Engine core proc(?:ess)? \S+ died unexpectedly|Worker proc \S+ died unexpectedly",
              phase="failed", event="fatal"),
+        rule(r"AsyncLLM output_handler failed", phase="failed", event="fatal"),
         rule(r"WorkerProc hit an exception|WorkerProc initialization failed", phase="failed", event="fatal"),
         rule(r"RPC call to \S+ timed out|Timed out waiting for engine core processes", phase="failed", event="fatal"),
         rule(r"No available shared memory broadcast block found", event="stall_warning"),

@@ -12,6 +12,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import NamedTuple
 
 from stallwatch.engines.base import EVENTS, Engine, Figures
@@ -27,11 +28,13 @@ class Matcher:
         rules = list(engine.all_rules())
         self.shards = engine.shards
         self.startup = compile_rules(rules, engine.shards)
-        # Only a new launch or a failure leaves `serving`: other phase lines need not be looked at then.
-        self.serving = compile_rules([r for r in rules if r.phase in ("launching", "failed") or r.event], None)
+        # Only a new launch, a stop or a failure leaves `serving`: other phase lines need not be looked at then,
+        # nor lines that one request's error prints too.
+        self.serving = compile_rules([r for r in rules if r.serving and (
+            r.launch or r.stop or r.phase == "failed" or r.event)], None)
         self.routine_lines = engine.routine_lines
         self.heartbeats = engine.heartbeats
-        launch = [strip_groups(r.pattern.pattern) for r in rules if r.phase == "launching"]
+        launch = [strip_groups(r.pattern.pattern) for r in rules if r.launch]
         self.launch = re.compile(b"|".join(launch) or b"(?!)", re.MULTILINE)
 
 
@@ -49,6 +52,24 @@ class PhaseSnapshot(NamedTuple):
     events: dict[str, int]
 
 
+@dataclass
+class ShardBars:
+    """Weight shard progress of one launch over its progress bars: a speculative draft model's bar (`1/1`, or the
+    target's `N/N` again for MTP) adds to the target's, which it never replaces."""
+
+    done: int = 0  # shards of the bars that completed before the current one
+    loaded: int = 0
+    total: int | None = None
+
+    def update(self, loaded: int, total: int) -> None:
+        if self.total is not None and (total != self.total or loaded < self.loaded):  # a new bar
+            self.done += self.total if self.loaded >= self.total else 0
+        self.loaded, self.total = loaded, total
+
+    def progress(self) -> tuple[int | None, int | None]:
+        return (None, None) if self.total is None else (self.done + self.loaded, self.done + self.total)
+
+
 class LogInterpreter:
     """Current phase, when it began, weight shard progress, event counts, last progress and stats-line figures of
     one server. Fed from one log thread; read by any under its lock."""
@@ -61,12 +82,14 @@ class LogInterpreter:
         self._lock = threading.Lock()
         self.phase = "stopped"
         self.since = wall()
-        self.shards_loaded: int | None = None
-        self.shards_expected: int | None = None
+        self.shards = ShardBars()
         self.events: Counter[str] = Counter({event: 0 for event in EVENTS})
+        self.last_events_at: dict[str, float] = {}
         self.launches = 0
         self.last_launch = float("-inf")
         self.fatal_in_launch = False
+        self.stopping = False  # the engine said it was asked to stop, in this launch
+        self.banner_seen = False  # the engine's launch banner, in this launch
         self.last_progress: float | None = None  # when a line that is not a heartbeat last came
         self.stats = StatsLineIntegrator(engine.stats_lines)
         self._timeline: list[str] = [self.phase]  # the phases of the current launch, in order
@@ -123,23 +146,36 @@ class LogInterpreter:
                 self._line_phase("loading_weights", count_events)
                 continue
             r = compiled.rules[group]  # type: ignore[index]
+            if r.stop and self.phase != "failed":
+                self.stopping = True
+            if self.stopping and (r.event == "fatal" or r.phase == "failed"):
+                continue  # the engine's own shutdown (children ended by its SIGTERM), not a crash
             if r.event and count_events and r.event not in seen:  # one count per line and event
                 seen.add(r.event)
-                self.events[r.event] += 1
+                self._count(r.event)
             if r.event == "fatal":
                 self.fatal_in_launch = True
             if r.phase is not None:
-                self._line_phase(r.phase, count_events)
+                self._line_phase(r.phase, count_events, r.launch)
+
+    def _count(self, event: str) -> None:
+        self.events[event] += 1
+        self.last_events_at[event] = self._wall()
 
     def _shards(self, text: bytes) -> None:
         found = self.matcher.shards.search(text) if self.matcher.shards else None
         if found:
-            self.shards_loaded, self.shards_expected = int(found.group(1)), int(found.group(2))
+            self.shards.update(int(found.group(1)), int(found.group(2)))
 
-    def _line_phase(self, phase: str, count_events: bool) -> None:
+    def _line_phase(self, phase: str, count_events: bool, banner: bool = False) -> None:
         if phase == "launching":
-            if self.phase != "launching":
+            # A launch's first banner is its own, whether the launch began at a new main process or the probe made
+            # it `serving` before the log was read; a later one starts a new launch once this one got past
+            # launching (a wrapper's banner before the engine's does not). Any other launching line (a draft
+            # model's distributed init) starts one only when none was seen.
+            if self.launches == 0 or (banner and self.banner_seen and self.phase != "launching"):
                 self._launch(count_events)
+            self.banner_seen = self.banner_seen or banner
             return
         if self.phase == "failed" or (self.phase == "serving" and phase != "failed"):
             return  # only a new launch leaves `failed`; only a failure leaves `serving`
@@ -148,10 +184,10 @@ class LogInterpreter:
     def _launch(self, count_restart: bool) -> None:
         self.launches += 1
         if self.launches > 1 and count_restart:
-            self.events["server_restart"] += 1
+            self._count("server_restart")
         self.last_launch = self._wall()
-        self.shards_loaded = self.shards_expected = None
-        self.fatal_in_launch = False
+        self.shards = ShardBars()
+        self.fatal_in_launch = self.stopping = self.banner_seen = False
         self.stats.relaunched()
         self._enter("launching")
         self._timeline = ["launching"]
@@ -206,4 +242,9 @@ class LogInterpreter:
 
     def snapshot(self) -> PhaseSnapshot:
         with self._lock:
-            return PhaseSnapshot(self.phase, self.since, self.shards_loaded, self.shards_expected, dict(self.events))
+            return PhaseSnapshot(self.phase, self.since, *self.shards.progress(), dict(self.events))
+
+    def last_events(self) -> dict[str, float]:
+        """When each kind of event was last counted, seconds since the epoch."""
+        with self._lock:
+            return dict(self.last_events_at)

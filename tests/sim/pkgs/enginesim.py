@@ -12,7 +12,10 @@ tests/sim/pkgs on PYTHONPATH), it spawns children titled like the engine's own (
 
 The scenario is JSON in the file named by ENGINESIM_SCENARIO:
     {"transcript": "path", "line_delay": 0.0, "final": "stall", "load_http": "refuse" | "503",
-     "burn_child_seconds": 0.0, "work": {...}}
+     "burn_child_seconds": 0.0, "work": {...}, "on_sigterm": "path"}
+
+`on_sigterm`: what the engine logs when it is asked to stop (SGLang's `SIGTERM received ... Draining requests`),
+written before it exits; without it a SIGTERM ends it silently.
 
 `work` (with `final: serve`) is the engine's own view once serving: `/metrics` in the engine's real format and
 its periodic stats lines (see `Work`):
@@ -215,6 +218,14 @@ def _http(host: str, port: int, status: int, work: Work | None = None) -> Thread
     return server
 
 
+def _stop(said: str | None) -> None:
+    if said:
+        with open(said, "rb") as lines:
+            sys.stdout.buffer.write(lines.read())
+        sys.stdout.buffer.flush()
+    os._exit(0)
+
+
 def main(engine: str) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--host", "--hostname", default="127.0.0.1")
@@ -224,7 +235,7 @@ def main(engine: str) -> None:
     args.port = int(args.port)
     with open(os.environ["ENGINESIM_SCENARIO"]) as handle:
         scenario = json.load(handle)
-    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+    signal.signal(signal.SIGTERM, lambda *_: _stop(scenario.get("on_sigterm")))
 
     context = multiprocessing.get_context("spawn")
     children = [context.Process(target=child, args=(title, os.getpid(), 0.0), daemon=True)
