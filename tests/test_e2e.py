@@ -356,3 +356,29 @@ def _status_page(url: str) -> str:
     with urllib.request.urlopen(url, timeout=30) as response:
         assert response.status == 200
         return response.read().decode()
+
+
+def test_crash_loop_pages_within_ten_minutes(exporter, engine, daemons: list[Daemon], tmp_path: Path) -> None:
+    """A server that fails in graph capture, under a supervisor that relaunches it each time it exits (systemd
+    `Restart=always`, Docker's restart policy): each failure and each absence is short, so only
+    InferenceServerCrashLooping can page, within 10 (scaled) minutes of the first launch, naming the last notable
+    line's kind."""
+    hook = Webhook()
+    am_port = alertmanager(daemons, tmp_path, hook)
+    e = exporter(nvml={"gpus": gpus(2, used=1e9, util=0)}, config=EXPORTER_CONFIG)
+    query = prometheus(daemons, tmp_path, am_port, e.port)
+    poll(lambda: query('up{job="stallwatch"} == 1'), timeout=30, what="the first scrape")
+
+    first_launch = time.time()
+    looping = engine("sglang", t.sglang_graph_crash(tp=2), final="crash", tp=2, line_delay=0.05,
+                     supervise={"restart_sec": 0.5, "max_restarts": 40})
+    page = poll(lambda: hook.find("InferenceServerCrashLooping", looping.name, "firing"), timeout=60, interval=0.2,
+                what="the crash loop's page")
+    latency = page["received_at"] - first_launch
+    print(f"crash loop: paged {latency:.1f} s after its first launch (bound {rule_seconds('10m') + PIPELINE:g} s)")
+    assert latency <= rule_seconds("10m") + PIPELINE
+    assert page["labels"]["severity"] == "critical"
+    description = page["annotations"]["description"]
+    assert description.startswith(f"{looping.name} on 127.0.0.1:{e.port} relaunched "), description
+    assert "served in none of them; the last notable line was fatal" in description
+    assert page["annotations"]["runbook_url"].endswith("#inferenceservercrashlooping")

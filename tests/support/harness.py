@@ -164,9 +164,11 @@ class Engine:
     def __init__(self, tmp: Path, engine: str, transcript: str, final: str = "stall", tp: int = 8,
                  port: int | None = None, burn_child_seconds: float = 0.0, load_http: str = "refuse",
                  line_delay: float = 0.0, log_name: str | None = None, prefix: list[str] | None = None,
-                 args: tuple[str, ...] = (), work: dict | None = None, on_sigterm: str | None = None) -> None:
+                 args: tuple[str, ...] = (), work: dict | None = None, on_sigterm: str | None = None,
+                 supervise: dict | None = None) -> None:
         """`work`: the engine's own view once serving (requests, throughput, its `/metrics`; see enginesim).
-        `on_sigterm`: what it logs when asked to stop."""
+        `on_sigterm`: what it logs when asked to stop. `supervise`: run it under tests/sim/bin/restart-always
+        with these settings (`restart_sec`, `max_restarts`), restarted each time it exits."""
         self.port = port or free_port()
         self.log = tmp / (log_name or f"{engine}-{self.port}.log")
         stem = tmp / f"{engine}-{self.port}"
@@ -188,6 +190,10 @@ class Engine:
         # `args` come first: the exporter reads a flag's first value (`--port ²`), the simulator's argparse the
         # last (the real port it binds).
         cmd = [*(prefix or []), *ENGINE_COMMANDS[engine], *args, "--port", str(self.port), "--tp", str(tp)]
+        if supervise is not None:
+            spec = stem.with_suffix(".supervise.json")
+            spec.write_text(json.dumps({**supervise, "argv": cmd}))
+            cmd = [str(SIM_BIN / "restart-always"), str(spec)]
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT,
                                          start_new_session=True)

@@ -60,6 +60,9 @@ CATALOG: dict[str, Family] = {
         "gauge", "When the log last grew (bytes, not only newlines), seconds since the epoch.", LOG),
     "log_last_line_age_seconds": Family("gauge", "Seconds since the log last grew.", LOG),
     "log_events_total": Family("counter", "Notable log lines by kind.", ("server", "event")),
+    "log_last_event_timestamp_seconds": Family(
+        "gauge", "When the server last logged a notable line of this kind (server_restart: its last relaunch), "
+        "seconds since the epoch.", ("server", "event")),
     "log_last_progress_timestamp_seconds": Family(
         "gauge", "When the server logged a line that is not a heartbeat (a notice an engine repeats while stuck), "
         "seconds since the epoch.", ("server",)),

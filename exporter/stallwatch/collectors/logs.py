@@ -35,13 +35,16 @@ class LogsCollector:
                 last.add_metric(labels, stats.last_growth)
                 age.add_metric(labels, max(0.0, now - stats.last_growth))
         events, progress = family("log_events_total"), family("log_last_progress_timestamp_seconds")
+        last_event = family("log_last_event_timestamp_seconds")
         for server in self.watcher.servers():
             for event, count in sorted(server.interpreter.snapshot().events.items()):
                 events.add_metric([server.name, event], float(count))
+            for event, at in sorted(server.interpreter.last_events().items()):
+                last_event.add_metric([server.name, event], at)
             last_progress = server.interpreter.progress()
             if last_progress is not None:
                 progress.add_metric([server.name], last_progress)
-        yield from (up, size, read, lines, last, age, events, progress)
+        yield from (up, size, read, lines, last, age, events, last_event, progress)
 
 
 COLLECTOR = Registration(
