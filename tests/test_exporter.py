@@ -53,7 +53,8 @@ def test_bad_listen_address_exits_2() -> None:
 
 def test_no_nvml_reports_down_and_logs_once(exporter) -> None:
     e = exporter(nvml={"missing": True})
-    scrape = e.scrape()
+    # Absent until NVML's first survey ended (in the background, just after the exporter listens), then 0.
+    scrape = e.wait_for(lambda s: s.value("stallwatch_nvml_up") is not None and s, what="the first NVML survey")
     assert scrape.value("stallwatch_nvml_up") == 0
     assert scrape.value("stallwatch_collector_success", collector="gpu") == 1
     assert scrape.samples("stallwatch_gpu_up") == []
@@ -116,10 +117,32 @@ def test_not_supported_fields_are_omitted(exporter) -> None:
     assert scrape.value("stallwatch_gpu_utilization_ratio", gpu="1") == 1.0
 
 
+def test_a_gpu_whose_calls_block_is_down_and_the_scrape_stays_fast(exporter) -> None:
+    """Xid 119 (a GSP RPC timeout): every NVML call on one GPU blocks for 45 s (open-gpu-kernel-modules#446). The
+    scrape answers at once: that GPU reads down with its values withheld, the other GPUs and collectors as before."""
+    nvml = gpus(4)
+    e = exporter(nvml={"gpus": nvml}, config="gpu: {sample_interval: 0.2s, timeout: 1s}\n")
+    e.wait_for(lambda s: len(s.samples("stallwatch_gpu_memory_used_bytes")) == 4, what="4 GPUs read")
+    nvml[2]["block"] = 45
+    e.nvml.update(gpus=nvml)
+    scrape = e.wait_for(lambda s: s.value("stallwatch_gpu_up", gpu="2") == 0 and s, what="GPU 2 down")
+    assert [ls["gpu"] for ls in scrape.labelsets("stallwatch_gpu_memory_used_bytes")] == ["0", "1", "3"]
+    assert [ls["gpu"] for ls in scrape.labelsets("stallwatch_gpu_info")] == ["0", "1", "3"]
+    assert scrape.value("stallwatch_gpu_up", gpu="3") == 1 and scrape.value("stallwatch_nvml_up") == 1
+    assert scrape.value("stallwatch_collector_success", collector="gpu") == 1
+    durations = []
+    for _ in range(10):  # the GPU 2 reader sits in its call all along
+        start = time.monotonic()
+        assert e.get("/metrics")[0] == 200
+        durations.append(time.monotonic() - start)
+    assert max(durations) < 1.0, durations
+    assert e.scrape().value("stallwatch_gpu_up", gpu="2") == 0
+
+
 def test_failing_collector_is_isolated(exporter) -> None:
     e = exporter(nvml={"gpus": [{"total": "not a number"}]})
-    scrape = e.scrape()
-    assert scrape.value("stallwatch_collector_success", collector="gpu") == 0
+    scrape = e.wait_for(lambda s: s.value("stallwatch_collector_success", collector="gpu") == 0 and s,
+                        what="the GPU reader's failure")
     assert scrape.value("stallwatch_collector_success", collector="process") == 1
     assert scrape.value("stallwatch_build_info") == 1
 

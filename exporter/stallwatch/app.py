@@ -41,7 +41,7 @@ def build(config: Config, flags: Mapping[str, bool | None]) -> Runtime:
     pages, logs = _section(on, "engine_metrics", EngineMetricsSettings), _section(on, "logs", LogsSettings)
     runtime = Runtime(
         config, watcher,
-        nvml=Nvml(gpu.sample_interval) if gpu else None,
+        nvml=Nvml(gpu.sample_interval, gpu.timeout) if gpu else None,
         probes=ProbeManager(config.paths.procfs, probe.enter_netns) if probe else None,
         engine_pages=EnginePageManager(pages.interval, pages.timeout) if pages else None,
         logs=LogManager(watcher, logs.poll_interval) if logs else None,
@@ -60,10 +60,10 @@ def oneshot(config: Config) -> Runtime:
     node's admin)."""
     config = dataclasses.replace(config, web=dataclasses.replace(config.web, show_evidence=True))
     watcher = Watcher(config)
-    pages = config.collector("engine_metrics", EngineMetricsSettings)
+    pages, gpu = config.collector("engine_metrics", EngineMetricsSettings), config.collector("gpu", GpuSettings)
     return Runtime(
         config, watcher,
-        nvml=Nvml(config.collector("gpu", GpuSettings).sample_interval),
+        nvml=Nvml(gpu.sample_interval, gpu.timeout),
         probes=ProbeManager(config.paths.procfs, config.collector("probe", ProbeSettings).enter_netns),
         engine_pages=EnginePageManager(pages.interval, pages.timeout),
         logs=LogManager(watcher, config.collector("logs", LogsSettings).poll_interval, replay_events=True))

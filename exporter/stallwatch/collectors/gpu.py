@@ -11,7 +11,8 @@ from stallwatch.collectors.base import Registration
 from stallwatch.collectors.catalog import family
 from stallwatch.discovery.watcher import Watcher
 from stallwatch.runtime import required
-from stallwatch.signals.nvml import Device, DeviceFailure, GpuSettings, Nvml, server_memory
+from stallwatch.signals.devices import Device, DeviceFailure, server_memory
+from stallwatch.signals.nvml import GpuSettings, Nvml
 
 
 class GpuCollector:
@@ -21,8 +22,11 @@ class GpuCollector:
 
     def collect(self) -> Iterator[Metric]:
         nvml_up = family("nvml_up")
-        found = self.nvml.read_devices()
-        nvml_up.add_metric([], 1.0 if found.up else 0.0)
+        found = self.nvml.read_devices()  # the readers' last readings: no NVML call in a scrape
+        if found.broken:
+            raise RuntimeError("; ".join(found.broken))
+        if found.known:
+            nvml_up.add_metric([], 1.0 if found.up else 0.0)
         yield nvml_up
         if not found.up:
             return

@@ -26,7 +26,8 @@ from stallwatch.report.model import (
     Verdict,
 )
 from stallwatch.report.verdict import verdict
-from stallwatch.signals.nvml import Nvml, recent_busy, server_memory
+from stallwatch.signals.devices import server_memory
+from stallwatch.signals.nvml import Nvml
 from stallwatch.signals.probes import Result
 
 
@@ -87,8 +88,8 @@ def gpu_section(server: Server, nvml: Nvml | None) -> GpuSection:
     if not found.up:
         return GpuSection(False, found.error)
     held = {device.index: memory for device, memory in server_memory(server, found.devices)}
-    gpus = [GpuInfo(d.index, d.uuid, d.name, d.used, d.total, held.get(d.index), d.utilization, *recent_busy(d))
-            for d in found.devices]
+    gpus = [GpuInfo(d.index, d.uuid, d.name, d.used, d.total, held.get(d.index), d.utilization, d.busy_ratio,
+                    d.busy_window) for d in found.devices]
     errors = [f"GPU {f.index} did not answer: {type(f.error).__name__}" for f in found.failed]
     return GpuSection(True, "; ".join(errors), gpus)
 

@@ -32,17 +32,20 @@ from stallwatch.signals.engine_page import PageState, figures_of
 
 def gather(runtime: Runtime, name: str | None = None, window: float = 2.0) -> Report:
     """Discover, replay the logs, sample for `window` seconds and look at every (or the named) server once."""
-    logs = required(runtime.logs, "logs")
+    logs, nvml = required(runtime.logs, "logs"), required(runtime.nvml, "gpu")
     runtime.watcher.refresh()
     servers = select(runtime.watcher, name)
+    nvml.start()  # its readers read while the window runs
     try:
         logs.poll()
         before = {s.name: _Before(s.tree(), _figures(s, runtime)) for s in servers}
         time.sleep(window)
         logs.poll()
+        nvml.settle(nvml.timeout)
         reports = [assemble(s, _observe(s, runtime, before[s.name], window)) for s in servers]
     finally:
         logs.close()
+        nvml.stop()
     return Report(__version__, time.time(), reports)
 
 

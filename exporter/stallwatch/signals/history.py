@@ -20,9 +20,10 @@ from stallwatch.discovery.server import Server
 from stallwatch.discovery.watcher import Watcher
 from stallwatch.engines.base import Figures
 from stallwatch.loops import run_every
+from stallwatch.signals.devices import Device, server_memory
 from stallwatch.signals.engine_page import EnginePageManager, figures_of
 from stallwatch.signals.logs import LogManager
-from stallwatch.signals.nvml import Device, Nvml, server_memory
+from stallwatch.signals.nvml import Nvml
 
 SPAN_SECONDS = 3600.0
 CPU_KEEP_SECONDS = 180.0  # per-process CPU totals are only read about a minute back: older points drop them

@@ -184,6 +184,7 @@ class LogFile(_Log):
             os.close(self._fd)
             self._fd = None
         fd = open_log(self.source)
+        self.mark_up()  # before the replay: a scrape never sees what the file says with the file called unreadable
         self._fd, self._ident, self._offset = fd, (st.st_dev, st.st_ino), 0
         self._partial.clear()
         self._overlong = False

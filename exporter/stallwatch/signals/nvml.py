@@ -1,6 +1,12 @@
-"""NVML access: initialisation with backoff, reading every device (`Nvml.read_devices`, the one enumeration that
-the GPU collector, the history and the reports share), the memory a server holds on each, and a light background
-sampler that integrates GPU utilization into busy seconds, so that bursts between two scrapes are not lost."""
+"""NVML off the scrape path: its lifecycle (initialisation with backoff, re-initialisation when the driver goes),
+one long-lived reader thread per GPU that keeps that GPU's last reading, and the snapshot (`Nvml.read_devices`)
+that the GPU collector, the history and the reports share, which makes no NVML call.
+
+A GPU whose firmware stops answering (Xid 119/120, a GSP RPC timeout) makes each call on it block for tens of
+seconds (NVIDIA/open-gpu-kernel-modules#446; `nvidia-smi` and DCGM wedge the same way). Its reader blocks with it;
+once a read has been in flight for `timeout` (or the last one finished longer than `timeout` plus two intervals
+ago), the GPU reads as down and its values are withheld. The other GPUs, and the scrape, are unaffected.
+"""
 
 from __future__ import annotations
 
@@ -10,98 +16,68 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
 
 import pynvml
 
 from stallwatch.config import CollectorSettings
 from stallwatch.config.reader import setting
 from stallwatch.config.values import positive_duration
-from stallwatch.discovery.server import Server
 from stallwatch.loops import run_every
+from stallwatch.signals.devices import BusyIntegrator, Device, DeviceFailure, Devices, as_str, read_device
 
 log = logging.getLogger(__name__)
 
-MAX_SAMPLE_SECONDS = 1.0  # NVML's sample period is 1/6 s to 1 s; a longer gap means samples were lost
 MAX_BACKOFF_SECONDS = 300.0
-T = TypeVar("T")
+UNAVAILABLE = "NVML unavailable (no driver, or no access to it)"
 
 
 @dataclass(frozen=True)
 class GpuSettings(CollectorSettings):
     """The `gpu:` section."""
 
-    sample_interval: float = setting(positive_duration, 1.0)  # how often utilization samples are integrated
+    sample_interval: float = setting(positive_duration, 1.0)  # how often each GPU is read
+    timeout: float = setting(positive_duration, 5.0)  # a read in flight this long: the GPU is down
 
 
 @dataclass
-class Device:
-    index: str
-    uuid: str
-    name: str
-    used: float
-    total: float
-    utilization: float | None
-    processes: dict[int, float] | None  # pid -> bytes; None when NVML cannot list them
+class _Reading:
+    """One GPU's reader: when its current read began (None: none in flight), and what the last one found."""
 
-
-@dataclass(frozen=True)
-class DeviceFailure:
-    """A device that did not answer: its index, its UUID when it was read before the failure, and why."""
-
-    index: str
-    uuid: str
-    error: pynvml.NVMLError
+    started: float | None = None
+    finished: float = float("-inf")
+    device: Device | None = None
+    failure: DeviceFailure | None = None
+    overdue: bool = False  # reported as not answering in time (logged once per episode)
+    broken: str = ""  # the last read raised something that is not an NVMLError
 
 
 @dataclass
-class Devices:
-    """One read of every device. `up`: NVML answered (else `error` says why, and there is nothing else)."""
+class _Survey:
+    """The node-wide calls (count, driver version), by the survey loop."""
 
-    up: bool
-    error: str = ""
+    started: float | None = None
+    count: int | None = None
     driver: str = ""
-    devices: list[Device] = field(default_factory=list)
-    failed: list[DeviceFailure] = field(default_factory=list)
-
-
-@dataclass
-class BusyIntegrator:
-    """Busy seconds of one GPU, from NVML samples (percent over the period ending at a µs timestamp)."""
-
-    busy_seconds: float = 0.0
-    last_sample_us: int = 0
-    last_fallback: float | None = None
-
-    def add_samples(self, samples: list[tuple[int, float]]) -> None:
-        for timestamp_us, percent in sorted(samples):
-            if timestamp_us <= self.last_sample_us:
-                continue
-            if self.last_sample_us:
-                period = min((timestamp_us - self.last_sample_us) / 1e6, MAX_SAMPLE_SECONDS)
-                self.busy_seconds += period * min(max(percent, 0.0), 100.0) / 100.0
-            self.last_sample_us = timestamp_us
-
-    def add_rate(self, now: float, percent: float) -> None:
-        """Fallback where samples are not supported: the current rate held since the previous tick."""
-        if self.last_fallback is not None:
-            period = min(now - self.last_fallback, MAX_SAMPLE_SECONDS * 5)
-            self.busy_seconds += max(period, 0.0) * min(max(percent, 0.0), 100.0) / 100.0
-        self.last_fallback = now
+    error: str = UNAVAILABLE
+    readers: set[int] = field(default_factory=set)
+    surveyed: bool = False  # one survey has ended, whatever it found
 
 
 class Nvml:
-    """Owns NVML's lifecycle. `available()` says whether calls may be made now."""
+    """Owns NVML's lifecycle and the per-GPU readers. `available()` says whether calls may be made now."""
 
-    def __init__(self, sample_interval: float, clock: Callable[[], float] = time.monotonic) -> None:
-        self.sample_interval = sample_interval
+    def __init__(self, sample_interval: float, timeout: float = 5.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.sample_interval, self.timeout = sample_interval, timeout
         self._clock = clock
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # never held across an NVML call but nvmlInit/Shutdown
         self._initialised = False
         self._next_attempt = 0.0
         self._backoff = 1.0
         self._last_error: str | None = None
         self._busy: dict[str, BusyIntegrator] = {}  # by GPU UUID
+        self._survey = _Survey()
+        self._readings: dict[int, _Reading] = {}
         self._stop = threading.Event()
 
     def available(self) -> bool:
@@ -125,30 +101,8 @@ class Nvml:
             self._initialised = True
             self._backoff = 1.0
             self._last_error = None
-            log.info("NVML initialised, driver %s", as_str(pynvml.nvmlSystemGetDriverVersion()))
+            log.info("NVML initialised")
             return True
-
-    def read_devices(self) -> Devices:
-        """Every device's identity, memory, utilization and processes; a device that does not answer is listed
-        in `failed`, never with stale values."""
-        if not self.available():
-            return Devices(False, "NVML unavailable (no driver, or no access to it)")
-        try:
-            count = pynvml.nvmlDeviceGetCount()
-            driver = as_str(pynvml.nvmlSystemGetDriverVersion())
-        except pynvml.NVMLError as exc:
-            self.lost(exc)
-            return Devices(False, f"NVML: {exc}")
-        out = Devices(True, driver=driver)
-        for index in range(count):
-            try:
-                out.devices.append(read_device(index))
-            except pynvml.NVMLError as exc:
-                level = logging.WARNING if isinstance(exc, pynvml.NVMLError_GpuIsLost) else logging.DEBUG
-                log.log(level, "GPU %d did not answer: %s: %s", index, type(exc).__name__, exc)
-                out.failed.append(DeviceFailure(str(index), getattr(exc, "uuid", ""), exc))
-                self.lost(exc)
-        return out
 
     def lost(self, exc: pynvml.NVMLError) -> None:
         """A call failed in a way that calls for a fresh init (driver gone, library unloaded)."""
@@ -160,129 +114,139 @@ class Nvml:
                     with contextlib.suppress(pynvml.NVMLError):
                         pynvml.nvmlShutdown()
                 self._initialised = False
+                self._survey.count = None
+                self._survey.error = f"NVML: {exc}"
+
+    # -- the snapshot --------------------------------------------------------------------------------------
+    def read_devices(self) -> Devices:
+        """The last reading of every device, from memory: a device that did not answer, or whose read has
+        been in flight for `timeout`, is listed in `failed`, never with stale values."""
+        now = self._clock()
+        with self._lock:
+            survey = self._survey
+            if survey.started is not None and now - survey.started >= self.timeout:
+                return Devices(False, f"NVML did not answer within {self.timeout:g}s")
+            if not survey.surveyed:
+                return Devices(False, "NVML not read yet", known=False)
+            if not self._initialised or survey.count is None:
+                return Devices(False, survey.error)
+            out = Devices(True, driver=survey.driver)
+            for index in range(survey.count):
+                reading = self._readings.get(index)
+                if reading is None:
+                    continue  # its reader has not begun: a GPU found a moment ago
+                late = reading.started is not None and now - reading.started >= self.timeout
+                stale = reading.device is not None and now - reading.finished > self.timeout + 2 * self.sample_interval
+                if reading.broken:
+                    out.broken.append(f"GPU {index}: {reading.broken}")
+                if late or stale:
+                    out.failed.append(self._overdue(index, reading))
+                elif reading.failure is not None:
+                    out.failed.append(reading.failure)
+                elif reading.device is not None:
+                    out.devices.append(reading.device)
+            return out
+
+    def _overdue(self, index: int, reading: _Reading) -> DeviceFailure:
+        uuid = reading.device.uuid if reading.device is not None else ""
+        if not reading.overdue:
+            reading.overdue = True
+            log.warning("GPU %d has not answered NVML for %gs; reported down until it does", index, self.timeout)
+        return DeviceFailure(str(index), uuid, pynvml.NVMLError(pynvml.NVML_ERROR_TIMEOUT))
 
     def busy_seconds(self, uuid: str) -> float | None:
         with self._lock:
             integrator = self._busy.get(uuid)
             return integrator.busy_seconds if integrator else None
 
-    def sample_once(self) -> None:
+    def settle(self, wait: float) -> None:
+        """Wait, at most `wait` seconds, until NVML was found missing or every GPU was read once or is late (for
+        a one-shot report, which starts the readers just before)."""
+        deadline = self._clock() + wait
+        while self._clock() < deadline and not self._settled():
+            time.sleep(0.05)
+
+    def _settled(self) -> bool:
+        with self._lock:
+            if not self._initialised and self._last_error is not None:
+                return True
+            count, now = self._survey.count, self._clock()
+            if count is None:
+                return False
+            for index in range(count):
+                reading = self._readings.get(index)
+                if reading is None or (reading.device is None and reading.failure is None and not (
+                        reading.started is not None and now - reading.started >= self.timeout)):
+                    return False
+            return True
+
+    # -- the readers -----------------------------------------------------------------------------------------
+    def _survey_once(self) -> None:
+        """Count the GPUs and start a reader for each new index (the calls may block: never in a scrape)."""
+        try:
+            self._survey_gpus()
+        finally:
+            with self._lock:
+                self._survey.surveyed = True
+
+    def _survey_gpus(self) -> None:
         if not self.available():
+            with self._lock:
+                self._survey.count, self._survey.error = None, UNAVAILABLE
             return
+        with self._lock:
+            self._survey.started = self._clock()
         try:
             count = pynvml.nvmlDeviceGetCount()
+            driver = as_str(pynvml.nvmlSystemGetDriverVersion())
         except pynvml.NVMLError as exc:
             self.lost(exc)
-            return
-        for index in range(count):
-            try:
-                handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-                uuid = as_str(pynvml.nvmlDeviceGetUUID(handle))
-                with self._lock:
-                    integrator = self._busy.setdefault(uuid, BusyIntegrator())
-                    since = integrator.last_sample_us
-                self._sample_device(handle, integrator, since)
-            except pynvml.NVMLError as exc:
-                log.debug("utilization sample of GPU %d failed: %s", index, exc)
-                self.lost(exc)
-
-    def _sample_device(self, handle: object, integrator: BusyIntegrator, since: int) -> None:
-        try:
-            _, samples = pynvml.nvmlDeviceGetSamples(handle, pynvml.NVML_GPU_UTILIZATION_SAMPLES, since)
-        except pynvml.NVMLError_NotFound:
-            return  # no sample newer than `since`
-        except (pynvml.NVMLError_NotSupported, pynvml.NVMLError_FunctionNotFound):
-            percent = pynvml.nvmlDeviceGetUtilizationRates(handle).gpu
             with self._lock:
-                integrator.add_rate(self._clock(), percent)
+                self._survey.count, self._survey.error = None, f"NVML: {exc}"
             return
-        points = [(int(s.timeStamp), float(s.sampleValue.uiVal)) for s in samples]
+        finally:
+            with self._lock:
+                self._survey.started = None
         with self._lock:
-            integrator.add_samples(points)
+            self._survey.count, self._survey.driver = count, driver
+            new = [index for index in range(count) if index not in self._survey.readers]
+            self._survey.readers.update(new)
+            for index in new:
+                self._readings.setdefault(index, _Reading())
+        for index in new:
+            run_every(self.sample_interval, lambda i=index: self._read(i), f"NVML GPU {index}", self._stop)
+
+    def _read(self, index: int) -> None:
+        if not self.available():
+            return
+        with self._lock:
+            reading = self._readings[index]
+            reading.started = self._clock()
+        try:
+            device, failure = read_device(index, self._integrator), None
+        except pynvml.NVMLError as exc:
+            if reading.failure is None or type(reading.failure.error) is not type(exc):  # once per episode
+                level = logging.WARNING if isinstance(exc, pynvml.NVMLError_GpuIsLost) else logging.DEBUG
+                log.log(level, "GPU %d did not answer: %s: %s", index, type(exc).__name__, exc)
+            device, failure = None, DeviceFailure(str(index), getattr(exc, "uuid", ""), exc)
+            self.lost(exc)
+        except Exception as exc:  # a bug, or a library that answers nonsense: the collector fails, and says why
+            with self._lock:
+                reading.started, reading.finished = None, self._clock()
+                reading.device, reading.broken = None, f"{type(exc).__name__}: {exc}"
+            raise
+        with self._lock:
+            if reading.overdue:
+                log.info("GPU %d answers NVML again", index)
+            reading.started, reading.finished, reading.overdue = None, self._clock(), False
+            reading.device, reading.failure, reading.broken = device, failure, ""
+
+    def _integrator(self, uuid: str) -> BusyIntegrator:
+        with self._lock:
+            return self._busy.setdefault(uuid, BusyIntegrator())
 
     def start(self) -> None:
-        run_every(self.sample_interval, self.sample_once, "GPU utilization sampler", self._stop)
+        run_every(self.sample_interval, self._survey_once, "NVML survey", self._stop)
 
     def stop(self) -> None:
         self._stop.set()
-
-
-def read_device(index: int) -> Device:
-    """One device's identity, memory, utilization and processes; NVMLError (with `uuid` set once known) when it
-    does not answer."""
-    uuid = ""
-    try:
-        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-        uuid = as_str(pynvml.nvmlDeviceGetUUID(handle))
-        name = as_str(pynvml.nvmlDeviceGetName(handle))
-        memory = _memory(handle)
-        return Device(
-            index=str(index),
-            uuid=uuid,
-            name=name,
-            used=float(memory.used),
-            total=float(memory.total),
-            utilization=_optional(lambda: pynvml.nvmlDeviceGetUtilizationRates(handle).gpu / 100.0),
-            processes=_optional(lambda: {
-                p.pid: float(p.usedGpuMemory or 0)
-                for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
-            }),
-        )
-    except pynvml.NVMLError as exc:
-        exc.uuid = uuid  # type: ignore[attr-defined]
-        raise
-
-
-def recent_busy(device: Device) -> tuple[float | None, float]:
-    """Mean utilization over the samples NVML still buffers (`nvmlDeviceGetSamples` from time 0: up to a few
-    minutes at its 1/6 to 1 s period) and their span, integrated as the sampler does."""
-    try:
-        handle = pynvml.nvmlDeviceGetHandleByIndex(int(device.index))
-        _, samples = pynvml.nvmlDeviceGetSamples(handle, pynvml.NVML_GPU_UTILIZATION_SAMPLES, 0)
-    except pynvml.NVMLError:
-        return None, 0.0  # not supported (MIG, old GPUs), or no sample yet
-    stamps = sorted((int(s.timeStamp), float(s.sampleValue.uiVal)) for s in samples)
-    span = (stamps[-1][0] - stamps[0][0]) / 1e6 if stamps else 0.0
-    if span <= 0:
-        return None, 0.0
-    integrator = BusyIntegrator()
-    integrator.add_samples(stamps)
-    return integrator.busy_seconds / span, span
-
-
-def server_memory(server: Server, devices: list[Device]) -> list[tuple[Device, float]]:
-    """The memory the server holds on each device it uses: its listed GPUs whole (containers without hostPID
-    see other pids), else what NVML lists for its tree's processes."""
-    gpus = server.spec.gpus
-    if gpus is not None:
-        return [(device, device.used) for device in devices if int(device.index) in gpus]
-    pids = {s.pid for s in server.tree()}
-    out = []
-    for device in devices:
-        if device.processes is None or not pids:
-            continue
-        held = [b for pid, b in device.processes.items() if pid in pids]
-        if held:
-            out.append((device, sum(held)))
-    return out
-
-
-def _memory(handle: object) -> Any:
-    """v2 memory info (used excludes reserved) where the driver has it, else v1."""
-    try:
-        return pynvml.nvmlDeviceGetMemoryInfo(handle, version=pynvml.nvmlMemory_v2)
-    except (pynvml.NVMLError_FunctionNotFound, pynvml.NVMLError_NotSupported,
-            pynvml.NVMLError_ArgumentVersionMismatch):
-        return pynvml.nvmlDeviceGetMemoryInfo(handle)
-
-
-def _optional(read: Callable[[], T]) -> T | None:
-    """A field some GPUs lack (MIG, old drivers): omitted, never reported as zero."""
-    try:
-        return read()
-    except (pynvml.NVMLError_NotSupported, pynvml.NVMLError_FunctionNotFound, pynvml.NVMLError_NoPermission):
-        return None
-
-
-def as_str(value: str | bytes) -> str:
-    return value.decode() if isinstance(value, bytes) else value

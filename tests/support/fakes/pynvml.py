@@ -8,7 +8,10 @@ test can lose a GPU or load one mid-run:
     {"driver": "550.54.15", "missing": false,
      "gpus": [{"name": "NVIDIA H100 80GB HBM3", "uuid": "GPU-...", "total": 85899345920, "used": 76e9,
                "util": 0, "lost": false, "unsupported": ["utilization", "samples", "memory_v2", "processes"],
-               "processes": [{"pid": 1234, "used": 76e9}]}]}
+               "processes": [{"pid": 1234, "used": 76e9}], "block": 0}]}
+
+`block`: seconds every call on that GPU takes before it answers, as when its firmware stops answering (Xid 119,
+a GSP RPC timeout: each call waits ~45 s, NVIDIA/open-gpu-kernel-modules#446).
 """
 
 from __future__ import annotations
@@ -72,6 +75,8 @@ def _gpu(handle: _Handle, field: str | None = None) -> dict:
     if handle.index >= len(gpus):
         _fail(_real.NVML_ERROR_GPU_IS_LOST)
     gpu = gpus[handle.index]
+    if gpu.get("block"):
+        time.sleep(float(gpu["block"]))
     if gpu.get("lost"):
         _fail(_real.NVML_ERROR_GPU_IS_LOST)
     if field is not None and field in gpu.get("unsupported", []):

@@ -1,0 +1,180 @@
+"""One GPU's reading through NVML, and what is derived from it: its identity, memory, utilization and processes
+(`read_device`), its busy seconds integrated from NVML's utilization samples (`BusyIntegrator`, so that bursts
+between two scrapes are not lost), and the memory a server holds on it (`server_memory`). The calls here may block
+as long as the driver does: only `signals.nvml`'s reader threads make them."""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import pynvml
+
+from stallwatch.discovery.server import Server
+
+MAX_SAMPLE_SECONDS = 1.0  # NVML's sample period is 1/6 s to 1 s; a longer gap means samples were lost
+T = TypeVar("T")
+
+
+@dataclass
+class Device:
+    index: str
+    uuid: str
+    name: str
+    used: float
+    total: float
+    utilization: float | None
+    processes: dict[int, float] | None  # pid -> bytes; None when NVML cannot list them
+    busy_ratio: float | None = None  # mean utilization over NVML's buffer of recent samples (None: no samples)
+    busy_window: float = 0.0  # the span of those samples, seconds
+
+
+@dataclass(frozen=True)
+class DeviceFailure:
+    """A device that did not answer: its index, its UUID when it was read before the failure, and why."""
+
+    index: str
+    uuid: str
+    error: pynvml.NVMLError
+
+
+@dataclass
+class Devices:
+    """The last reading of every device. `up`: NVML answered (else `error` says why, and there is nothing
+    else)."""
+
+    up: bool
+    error: str = ""
+    known: bool = True  # False: not read yet (the exporter just started): nothing to say either way
+    driver: str = ""
+    devices: list[Device] = field(default_factory=list)
+    failed: list[DeviceFailure] = field(default_factory=list)
+    broken: list[str] = field(default_factory=list)  # readers that failed other than by NVML's word (a bug)
+
+
+@dataclass
+class BusyIntegrator:
+    """Busy seconds of one GPU, from NVML samples (percent over the period ending at a µs timestamp), and the
+    samples of the span NVML buffers (what its first answer from time 0 held), for the reports' recent mean."""
+
+    busy_seconds: float = 0.0
+    last_sample_us: int = 0
+    last_fallback: float | None = None
+    recent: deque[tuple[int, float]] = field(default_factory=deque)
+    buffer_us: int | None = None  # the span of NVML's buffer, from its first answer
+
+    def add_samples(self, samples: list[tuple[int, float]]) -> None:
+        ordered = sorted(samples)
+        if self.buffer_us is None and ordered:
+            self.buffer_us = ordered[-1][0] - ordered[0][0]
+        for timestamp_us, percent in ordered:
+            if timestamp_us <= self.last_sample_us:
+                continue
+            if self.last_sample_us:
+                period = min((timestamp_us - self.last_sample_us) / 1e6, MAX_SAMPLE_SECONDS)
+                self.busy_seconds += period * min(max(percent, 0.0), 100.0) / 100.0
+            self.last_sample_us = timestamp_us
+            self.recent.append((timestamp_us, percent))
+        while self.recent and self.buffer_us is not None and self.recent[0][0] < self.last_sample_us - self.buffer_us:
+            self.recent.popleft()
+
+    def recent_busy(self) -> tuple[float | None, float]:
+        """Mean utilization over the buffer's span of samples, and that span in seconds (None, 0: none)."""
+        span = (self.recent[-1][0] - self.recent[0][0]) / 1e6 if self.recent else 0.0
+        if span <= 0:
+            return None, 0.0
+        window = BusyIntegrator()
+        window.add_samples(list(self.recent))
+        return window.busy_seconds / span, span
+
+    def add_rate(self, now: float, percent: float) -> None:
+        """Fallback where samples are not supported: the current rate held since the previous tick."""
+        if self.last_fallback is not None:
+            period = min(now - self.last_fallback, MAX_SAMPLE_SECONDS * 5)
+            self.busy_seconds += max(period, 0.0) * min(max(percent, 0.0), 100.0) / 100.0
+        self.last_fallback = now
+
+
+def read_device(index: int, integrator: Callable[[str], BusyIntegrator]) -> Device:
+    """One device's identity, memory, utilization and processes, with its utilization samples added to
+    `integrator(uuid)`; NVMLError (with `uuid` set once known) when it does not answer."""
+    uuid = ""
+    try:
+        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        uuid = as_str(pynvml.nvmlDeviceGetUUID(handle))
+        busy = integrator(uuid)
+        _sample(handle, busy)
+        ratio, window = busy.recent_busy()
+        name = as_str(pynvml.nvmlDeviceGetName(handle))
+        memory = _memory(handle)
+        return Device(
+            index=str(index),
+            uuid=uuid,
+            name=name,
+            used=float(memory.used),
+            total=float(memory.total),
+            utilization=_optional(lambda: pynvml.nvmlDeviceGetUtilizationRates(handle).gpu / 100.0),
+            processes=_optional(lambda: {
+                p.pid: float(p.usedGpuMemory or 0)
+                for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
+            }),
+            busy_ratio=ratio,
+            busy_window=window,
+        )
+    except pynvml.NVMLError as exc:
+        exc.uuid = uuid  # type: ignore[attr-defined]
+        raise
+
+
+def server_memory(server: Server, devices: list[Device]) -> list[tuple[Device, float]]:
+    """The memory the server holds on each device it uses: its listed GPUs whole (containers without hostPID
+    see other pids), else what NVML lists for its tree's processes."""
+    gpus = server.spec.gpus
+    if gpus is not None:
+        return [(device, device.used) for device in devices if int(device.index) in gpus]
+    pids = {s.pid for s in server.tree()}
+    out = []
+    for device in devices:
+        if device.processes is None or not pids:
+            continue
+        held = [b for pid, b in device.processes.items() if pid in pids]
+        if held:
+            out.append((device, sum(held)))
+    return out
+
+
+def _sample(handle: object, integrator: BusyIntegrator) -> None:
+    """Add the samples NVML took since the last ones (all it buffers, the first time)."""
+    try:
+        _, samples = pynvml.nvmlDeviceGetSamples(handle, pynvml.NVML_GPU_UTILIZATION_SAMPLES,
+                                                 integrator.last_sample_us)
+    except (pynvml.NVMLError_NotFound, pynvml.NVMLError_NoPermission):
+        return  # no sample newer than the last (or none for us to read)
+    except (pynvml.NVMLError_NotSupported, pynvml.NVMLError_FunctionNotFound):
+        integrator.add_rate(time.monotonic(), pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+        return
+    integrator.add_samples([(int(s.timeStamp), float(s.sampleValue.uiVal)) for s in samples])
+
+
+def _memory(handle: object) -> Any:
+    """v2 memory info (used excludes reserved) where the driver has it, else v1."""
+    try:
+        return pynvml.nvmlDeviceGetMemoryInfo(handle, version=pynvml.nvmlMemory_v2)
+    except (pynvml.NVMLError_FunctionNotFound, pynvml.NVMLError_NotSupported,
+            pynvml.NVMLError_ArgumentVersionMismatch):
+        return pynvml.nvmlDeviceGetMemoryInfo(handle)
+
+
+def _optional(read: Callable[[], T]) -> T | None:
+    """A field some GPUs lack (MIG, old drivers): omitted, never reported as zero."""
+    try:
+        return read()
+    except (pynvml.NVMLError_NotSupported, pynvml.NVMLError_FunctionNotFound, pynvml.NVMLError_NoPermission):
+        return None
+
+
+def as_str(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value

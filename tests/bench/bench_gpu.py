@@ -1,0 +1,74 @@
+"""NVML off the scrape path: the cost of the per-GPU readers on 8 GPUs, and the scrape while one GPU's calls block.
+
+Setup: 8 fake GPUs (tests/support/fakes/pynvml.py), no inference server. First the idle exporter's CPU and threads
+(the NVML survey and one reader per GPU, each reading every `gpu.sample_interval`), and `/metrics` latency; then
+GPU 3's calls block for 45 s each (an Xid 119 GSP RPC timeout, NVIDIA/open-gpu-kernel-modules#446) and the same
+latency is measured while it blocks.
+
+    .venv/bin/python tests/bench/bench_gpu.py [--scrapes 300] [--idle-seconds 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from support.harness import Exporter, gpus
+
+BLOCK_SECONDS = 45.0
+
+
+def fetch(url: str) -> float:
+    start = time.perf_counter()
+    with urllib.request.urlopen(url, timeout=120) as response:
+        response.read()
+    return time.perf_counter() - start
+
+
+def figures(times: list[float]) -> str:
+    q = statistics.quantiles(times, n=100)
+    return f"p50 {q[49] * 1000:6.2f} ms  p99 {q[98] * 1000:6.2f} ms  max {max(times) * 1000:6.2f} ms"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--scrapes", type=int, default=300)
+    parser.add_argument("--idle-seconds", type=float, default=20.0)
+    args = parser.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="stallwatch-bench-gpu-"))
+    nvml = gpus(8, util=40)
+    exporter = Exporter(tmp, nvml={"gpus": nvml}, config="gpu: {sample_interval: 1s, timeout: 5s}\n")
+    try:
+        exporter.wait_for(lambda s: len(s.samples("stallwatch_gpu_busy_seconds_total")) == 8, timeout=30)
+        url, proc = exporter.url + "/metrics", psutil.Process(exporter.proc.pid)
+        cpu_before, wall_before = sum(proc.cpu_times()[:2]), time.monotonic()
+        time.sleep(args.idle_seconds)
+        cpu = sum(proc.cpu_times()[:2]) - cpu_before
+        print(f"idle exporter with 8 GPUs read every 1 s: {100 * cpu / (time.monotonic() - wall_before):.2f}% of one "
+              f"core, {proc.num_threads()} threads")
+        print(f"/metrics, every GPU answering:  {figures([fetch(url) for _ in range(args.scrapes)])}")
+        nvml[3]["block"] = BLOCK_SECONDS
+        exporter.nvml.update(gpus=nvml)
+        blocked = time.monotonic()
+        exporter.wait_for(lambda s: s.value("stallwatch_gpu_up", gpu="3") == 0, timeout=30)
+        print(f"GPU 3 read down {time.monotonic() - blocked:.1f} s after its calls began to block "
+              "(gpu.timeout 5 s, sample_interval 1 s)")
+        times = [fetch(url) for _ in range(args.scrapes)]
+        scrape = exporter.scrape()
+        up = sorted(s.labels["gpu"] for s in scrape.samples("stallwatch_gpu_up") if s.value == 1)
+        print(f"/metrics, GPU 3 blocking {BLOCK_SECONDS:g} s a call: {figures(times)}; GPUs up: {', '.join(up)}")
+    finally:
+        exporter.stop()
+
+
+if __name__ == "__main__":
+    main()
