@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from stallwatch.collectors import REGISTRY
+from support import transcripts as t
 from support.docs import documented
 from support.harness import GIB, Scrape, free_port, gpus, require
 
@@ -137,6 +138,47 @@ def test_a_gpu_whose_calls_block_is_down_and_the_scrape_stays_fast(exporter) -> 
         durations.append(time.monotonic() - start)
     assert max(durations) < 1.0, durations
     assert e.scrape().value("stallwatch_gpu_up", gpu="2") == 0
+
+
+def test_gpu_health_fields_xid_events_and_memory_nobody_watched(exporter, engine) -> None:
+    """Power, energy, the driver's recovery action, ECC, remapped rows, PCIe replays and clock event reasons where
+    the GPU has them (absent where not); Xid 79 then 119 from NVML's event API, each counted once with its time;
+    memory held by a process in no watched tree (a rank left over from the last run)."""
+    sim = engine("sglang", t.sglang_until_shards(tp=1, shards=4), final="stall", tp=1)
+    nvml = gpus(2)
+    nvml[0].update(power=69.5, power_limit=700, energy=1000, recovery_action=1, ecc_uncorrected=2,
+                   remapped_rows=[3, 1, 1, 0], pcie_replays=7, clock_reasons=0x1 | 0x80,
+                   processes=[{"pid": sim.proc.pid, "used": 60e9}, {"pid": 999_999_999, "used": 16e9}])
+    e = exporter(nvml={"gpus": nvml})
+    scrape = e.wait_for(lambda s: s.value("stallwatch_gpu_power_watts", gpu="0") and s, what="GPU 0's health")
+    assert scrape.value("stallwatch_gpu_power_watts", gpu="0") == 69.5
+    assert scrape.value("stallwatch_gpu_power_limit_watts", gpu="0") == 700
+    assert scrape.value("stallwatch_gpu_energy_joules_total", gpu="0") >= 1000
+    assert scrape.value("stallwatch_gpu_recovery_action", gpu="0") == 1
+    assert scrape.value("stallwatch_gpu_ecc_uncorrected_errors_total", gpu="0") == 2
+    assert {ls["kind"]: scrape.value("stallwatch_gpu_remapped_rows", **ls)
+            for ls in scrape.labelsets("stallwatch_gpu_remapped_rows")} == {
+        "correctable": 3, "uncorrectable": 1, "pending": 1, "failure": 0}
+    assert scrape.value("stallwatch_gpu_pcie_replays_total", gpu="0") == 7
+    reasons = {ls["reason"] for ls in scrape.labelsets("stallwatch_gpu_clock_event_reason")
+               if scrape.value("stallwatch_gpu_clock_event_reason", **ls) == 1}
+    assert reasons == {"gpu_idle", "hw_power_brake_slowdown"}
+    for name in ("power_watts", "energy_joules_total", "recovery_action", "remapped_rows", "clock_event_reason"):
+        assert not [ls for ls in scrape.labelsets(f"stallwatch_gpu_{name}") if ls["gpu"] == "1"], name
+    scrape = e.wait_for(lambda s: s.value("stallwatch_gpu_unattributed_memory_bytes", gpu="0") == 16e9 and s,
+                        what="the stray process's memory")
+    assert scrape.value("stallwatch_server_gpu_memory_used_bytes", server=sim.name, gpu="0") == 60e9
+
+    e.nvml.update(events=[{"id": 1, "gpu": 1, "type": "xid", "data": 79}])
+    scrape = e.wait_for(lambda s: s.value("stallwatch_gpu_xid_errors_total", gpu="1", xid="79") == 1 and s,
+                        what="Xid 79")
+    first = scrape.value("stallwatch_gpu_xid_last_timestamp_seconds", gpu="1", xid="79")
+    assert abs(first - time.time()) < 30
+    e.nvml.update(events=[{"id": 1, "gpu": 1, "type": "xid", "data": 79}, {"id": 2, "gpu": 1, "data": 119}])
+    scrape = e.wait_for(lambda s: s.value("stallwatch_gpu_xid_errors_total", gpu="1", xid="119") == 1 and s,
+                        what="Xid 119")
+    assert scrape.value("stallwatch_gpu_xid_errors_total", gpu="1", xid="79") == 1  # delivered once
+    assert scrape.value("stallwatch_gpu_xid_last_timestamp_seconds", gpu="1", xid="79") == first
 
 
 def test_failing_collector_is_isolated(exporter) -> None:

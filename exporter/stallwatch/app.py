@@ -25,6 +25,7 @@ from stallwatch.signals.history import History
 from stallwatch.signals.logs import LogManager, LogsSettings
 from stallwatch.signals.nvml import GpuSettings, Nvml
 from stallwatch.signals.probes import ProbeManager, ProbeSettings
+from stallwatch.signals.xid import XidEvents
 from stallwatch.web import routes
 from stallwatch.web.server import HttpServer
 
@@ -46,6 +47,8 @@ def build(config: Config, flags: Mapping[str, bool | None]) -> Runtime:
         engine_pages=EnginePageManager(pages.interval, pages.timeout) if pages else None,
         logs=LogManager(watcher, logs.poll_interval) if logs else None,
         collectors=on)
+    if runtime.nvml is not None:
+        runtime = dataclasses.replace(runtime, xid=XidEvents(runtime.nvml))
     for follower in (runtime.probes, runtime.engine_pages):
         if follower is not None:
             watcher.on_change(follower.reconcile)

@@ -16,6 +16,7 @@ from stallwatch.signals.history import History
 from stallwatch.signals.logs import LogManager
 from stallwatch.signals.nvml import Nvml
 from stallwatch.signals.probes import ProbeManager
+from stallwatch.signals.xid import XidEvents
 
 P = TypeVar("P")
 
@@ -33,6 +34,7 @@ class Runtime:
     config: Config
     watcher: Watcher
     nvml: Nvml | None = None
+    xid: XidEvents | None = None  # NVML's events; with nvml
     probes: ProbeManager | None = None  # its loops follow the watcher (`Watcher.on_change`)
     engine_pages: EnginePageManager | None = None  # likewise
     logs: LogManager | None = None
@@ -42,7 +44,7 @@ class Runtime:
     def loops(self) -> list[Background]:
         """What is started with the exporter, in order (the watcher first: its first pass finds the servers), and
         stopped at exit."""
-        parts: list[Background | None] = [self.watcher, self.nvml, self.logs, self.history]
+        parts: list[Background | None] = [self.watcher, self.nvml, self.xid, self.logs, self.history]
         return [part for part in parts if part is not None]
 
     def start(self) -> None:

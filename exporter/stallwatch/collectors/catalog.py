@@ -40,6 +40,29 @@ CATALOG: dict[str, Family] = {
     "server_gpu_memory_used_bytes": Family(
         "gauge", "GPU memory held by the server's processes on that GPU, bytes.", ("server", *GPU)),
     "nvml_up": Family("gauge", "1 when the NVIDIA driver library answered, 0 when unavailable.", ()),
+    # GPU health: each only where the GPU supports it (absent, never zero, otherwise)
+    "gpu_power_watts": Family("gauge", "Power the GPU draws, watts.", GPU),
+    "gpu_power_limit_watts": Family("gauge", "Power limit the driver enforces on the GPU, watts.", GPU),
+    "gpu_energy_joules_total": Family("counter", "Energy the GPU used since the driver loaded, joules.", GPU),
+    "gpu_recovery_action": Family(
+        "gauge", "The driver's recovery action for the GPU (NVML GET_GPU_RECOVERY_ACTION): 0 none, 1 GPU reset, "
+        "2 node reboot, 3 drain P2P, 4 drain and reset, 5 recover IMEX domain, 6 bus reset, 7 system reboot.", GPU),
+    "gpu_ecc_uncorrected_errors_total": Family(
+        "counter", "Uncorrected ECC errors since the driver loaded (volatile).", GPU),
+    "gpu_remapped_rows": Family(
+        "gauge", "Remapped memory rows by kind (correctable, uncorrectable); pending and failure are 1 when a remap "
+        "waits for a reset or failed.", (*GPU, "kind")),
+    "gpu_pcie_replays_total": Family("counter", "PCIe replays of the GPU.", GPU),
+    "gpu_clock_event_reason": Family(
+        "gauge", "1 when this reason holds the GPU's clocks down now (NVML clocks event reasons), else 0.",
+        (*GPU, "reason")),
+    "gpu_xid_errors_total": Family(
+        "counter", "Xid errors NVML reported for the GPU since the exporter started (its event API).", (*GPU, "xid")),
+    "gpu_xid_last_timestamp_seconds": Family(
+        "gauge", "When the exporter received the GPU's last Xid of this kind, seconds since the epoch.",
+        (*GPU, "xid")),
+    "gpu_unattributed_memory_bytes": Family(
+        "gauge", "GPU memory held by processes in no watched server's tree (gone, or someone else's), bytes.", GPU),
     # Process tree
     "server_up": Family("gauge", "1 when the server's main process is running.", ("server",)),
     "server_start_time_seconds": Family(

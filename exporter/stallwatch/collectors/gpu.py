@@ -1,9 +1,11 @@
-"""GPU collector: per-device identity, memory, utilization and busy seconds, and the memory that each
-watched server's processes hold on each GPU. A failing device is reported as down, never as stale."""
+"""GPU collector: per-device identity, memory, utilization and busy seconds, the cheap health fields (power,
+energy, the driver's recovery action, ECC, remapped rows, PCIe replays, clock event reasons), Xid events, the
+memory that each watched server's processes hold on each GPU and the memory nobody watched holds. It reads the
+NVML readers' last readings and never calls NVML; a failing device is reported as down, never as stale."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 from prometheus_client.core import Metric
 
@@ -13,12 +15,19 @@ from stallwatch.discovery.watcher import Watcher
 from stallwatch.runtime import required
 from stallwatch.signals.devices import Device, DeviceFailure, server_memory
 from stallwatch.signals.nvml import GpuSettings, Nvml
+from stallwatch.signals.xid import XidEvents
+
+HEALTH = (  # family -> the `Health` field that feeds it, one sample per GPU
+    ("gpu_power_watts", "power_watts"), ("gpu_power_limit_watts", "power_limit_watts"),
+    ("gpu_energy_joules_total", "energy_joules"), ("gpu_recovery_action", "recovery_action"),
+    ("gpu_ecc_uncorrected_errors_total", "ecc_uncorrected"), ("gpu_pcie_replays_total", "pcie_replays"),
+)
+LABELLED_HEALTH = (("gpu_remapped_rows", "remapped_rows"), ("gpu_clock_event_reason", "clock_event_reasons"))
 
 
 class GpuCollector:
-    def __init__(self, nvml: Nvml, watcher: Watcher) -> None:
-        self.nvml = nvml
-        self.watcher = watcher
+    def __init__(self, nvml: Nvml, watcher: Watcher, xid: XidEvents | None = None) -> None:
+        self.nvml, self.watcher, self.xid = nvml, watcher, xid
 
     def collect(self) -> Iterator[Metric]:
         nvml_up = family("nvml_up")
@@ -49,16 +58,51 @@ class GpuCollector:
             if seconds is not None:
                 busy.add_metric(labels, seconds)
         yield from (info, up, used, total, utilization, busy)
-        yield self._server_memory(found.devices)
+        yield from _health(found.devices)
+        yield from self._xid()
+        yield from self._memory(found.devices)
 
-    def _server_memory(self, devices: list[Device]) -> Metric:
-        metric = family("server_gpu_memory_used_bytes")
+    def _xid(self) -> Iterator[Metric]:
+        errors, last = family("gpu_xid_errors_total"), family("gpu_xid_last_timestamp_seconds")
+        for count in self.xid.counts() if self.xid is not None else []:
+            errors.add_metric([count.gpu, count.uuid, count.xid], float(count.count))
+            last.add_metric([count.gpu, count.uuid, count.xid], count.last)
+        yield from (errors, last)
+
+    def _memory(self, devices: list[Device]) -> Iterator[Metric]:
+        """What each server holds on each GPU, and what no watched server does: processes that are gone (a rank
+        left over from the last run) or belong to no watched tree. A GPU a server lists (`gpus:`) is its own."""
+        held, unattributed = family("server_gpu_memory_used_bytes"), family("gpu_unattributed_memory_bytes")
+        watched: set[int] = set()
+        owned: set[str] = set()
         for server in self.watcher.servers():
-            for device, held in server_memory(server, devices):
-                metric.add_metric([server.name, device.index, device.uuid], held)
-        return metric
+            for device, memory in server_memory(server, devices):
+                held.add_metric([server.name, device.index, device.uuid], memory)
+            watched.update(s.pid for s in server.tree())
+            owned.update(str(gpu) for gpu in server.spec.gpus or ())
+        for device in devices:
+            if device.processes is not None and device.index not in owned:
+                stray = sum(b for pid, b in device.processes.items() if pid not in watched)
+                unattributed.add_metric([device.index, device.uuid], stray)
+        yield from (held, unattributed)
+
+
+def _health(devices: Iterable[Device]) -> Iterator[Metric]:
+    plain = {name: family(name) for name, _ in HEALTH}
+    labelled = {name: family(name) for name, _ in LABELLED_HEALTH}
+    for device in devices:
+        labels = [device.index, device.uuid]
+        for name, attribute in HEALTH:
+            value = getattr(device.health, attribute)
+            if value is not None:
+                plain[name].add_metric(labels, value)
+        for name, attribute in LABELLED_HEALTH:
+            for kind, value in (getattr(device.health, attribute) or {}).items():
+                labelled[name].add_metric([*labels, kind], value)
+    yield from (*plain.values(), *labelled.values())
 
 
 COLLECTOR = Registration(
-    "gpu", GpuSettings, lambda runtime, _: GpuCollector(required(runtime.nvml, "gpu"), runtime.watcher),
-    "GPU memory, utilization and busy seconds through NVML")
+    "gpu", GpuSettings,
+    lambda runtime, _: GpuCollector(required(runtime.nvml, "gpu"), runtime.watcher, runtime.xid),
+    "GPU memory, utilization, busy seconds, health fields and Xid events through NVML")

@@ -19,6 +19,35 @@ MAX_SAMPLE_SECONDS = 1.0  # NVML's sample period is 1/6 s to 1 s; a longer gap m
 T = TypeVar("T")
 
 
+# `nvmlDeviceGetCurrentClocksEventReasons` bits (nvml.h `nvmlClocksEventReason*`), as label values.
+CLOCK_EVENT_REASONS = {
+    "gpu_idle": pynvml.nvmlClocksEventReasonGpuIdle,
+    "applications_clocks_setting": pynvml.nvmlClocksEventReasonApplicationsClocksSetting,
+    "sw_power_cap": pynvml.nvmlClocksEventReasonSwPowerCap,
+    "hw_slowdown": pynvml.nvmlClocksEventReasonHwSlowdown,
+    "sync_boost": pynvml.nvmlClocksEventReasonSyncBoost,
+    "sw_thermal_slowdown": pynvml.nvmlClocksEventReasonSwThermalSlowdown,
+    "hw_thermal_slowdown": pynvml.nvmlClocksEventReasonHwThermalSlowdown,
+    "hw_power_brake_slowdown": pynvml.nvmlClocksEventReasonHwPowerBrakeSlowdown,
+    "display_clock_setting": pynvml.nvmlClocksEventReasonDisplayClockSetting,
+}
+REMAPPED_ROWS = ("correctable", "uncorrectable", "pending", "failure")  # `nvmlDeviceGetRemappedRows`, in order
+
+
+@dataclass(frozen=True)
+class Health:
+    """The cheap health fields of one GPU; each None where the GPU does not support it (absent, never zero)."""
+
+    power_watts: float | None = None
+    power_limit_watts: float | None = None  # enforced
+    energy_joules: float | None = None  # since the driver loaded (Volta+)
+    recovery_action: float | None = None  # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION: 0 none, 1 GPU reset, 2 node reboot...
+    ecc_uncorrected: float | None = None  # volatile: since the driver loaded
+    remapped_rows: dict[str, float] | None = None  # REMAPPED_ROWS -> rows (pending, failure: 0/1)
+    pcie_replays: float | None = None
+    clock_event_reasons: dict[str, float] | None = None  # CLOCK_EVENT_REASONS -> 0/1
+
+
 @dataclass
 class Device:
     index: str
@@ -30,6 +59,7 @@ class Device:
     processes: dict[int, float] | None  # pid -> bytes; None when NVML cannot list them
     busy_ratio: float | None = None  # mean utilization over NVML's buffer of recent samples (None: no samples)
     busy_window: float = 0.0  # the span of those samples, seconds
+    health: Health = field(default_factory=Health)
 
 
 @dataclass(frozen=True)
@@ -123,10 +153,52 @@ def read_device(index: int, integrator: Callable[[str], BusyIntegrator]) -> Devi
             }),
             busy_ratio=ratio,
             busy_window=window,
+            health=read_health(handle),
         )
     except pynvml.NVMLError as exc:
         exc.uuid = uuid  # type: ignore[attr-defined]
         raise
+
+
+def read_health(handle: object) -> Health:
+    """Power, energy, the driver's recovery action, ECC, remapped rows, PCIe replays and clock event reasons."""
+    remapped = _optional(lambda: pynvml.nvmlDeviceGetRemappedRows(handle))
+    reasons = _optional(lambda: _clock_event_reasons(handle))
+    return Health(
+        power_watts=_optional(lambda: pynvml.nvmlDeviceGetPowerUsage(handle) / 1000.0),
+        power_limit_watts=_optional(lambda: pynvml.nvmlDeviceGetEnforcedPowerLimit(handle) / 1000.0),
+        energy_joules=_optional(lambda: pynvml.nvmlDeviceGetTotalEnergyConsumption(handle) / 1000.0),
+        recovery_action=_optional(lambda: _field(handle, pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION)),
+        ecc_uncorrected=_optional(lambda: float(pynvml.nvmlDeviceGetTotalEccErrors(
+            handle, pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_VOLATILE_ECC))),
+        remapped_rows=None if remapped is None else dict(zip(REMAPPED_ROWS, map(float, remapped), strict=True)),
+        pcie_replays=_optional(lambda: float(pynvml.nvmlDeviceGetPcieReplayCounter(handle))),
+        clock_event_reasons=None if reasons is None else {
+            name: 1.0 if reasons & bit else 0.0 for name, bit in CLOCK_EVENT_REASONS.items()},
+    )
+
+
+def _clock_event_reasons(handle: object) -> int:
+    """The current reasons; `...ThrottleReasons` on drivers before `...ClocksEventReasons` (deprecated since)."""
+    try:
+        return int(pynvml.nvmlDeviceGetCurrentClocksEventReasons(handle))
+    except pynvml.NVMLError_FunctionNotFound:
+        return int(pynvml.nvmlDeviceGetCurrentClocksThrottleReasons(handle))
+
+
+_FIELD_VALUE = {  # `c_nvmlFieldValue_t.valueType` -> the member of its `value` union that holds it
+    pynvml.NVML_VALUE_TYPE_DOUBLE: "dVal", pynvml.NVML_VALUE_TYPE_UNSIGNED_INT: "uiVal",
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG: "ulVal", pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG: "ullVal",
+    pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG: "sllVal", pynvml.NVML_VALUE_TYPE_SIGNED_INT: "siVal",
+}
+
+
+def _field(handle: object, field_id: int) -> float:
+    """One field value; NotSupported (as `_optional` expects) when the field itself says it failed."""
+    value = pynvml.nvmlDeviceGetFieldValues(handle, [field_id])[0]
+    if value.nvmlReturn != pynvml.NVML_SUCCESS:
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+    return float(getattr(value.value, _FIELD_VALUE.get(value.valueType, "ullVal")))
 
 
 def server_memory(server: Server, devices: list[Device]) -> list[tuple[Device, float]]:

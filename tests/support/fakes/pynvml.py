@@ -10,6 +10,12 @@ test can lose a GPU or load one mid-run:
                "util": 0, "lost": false, "unsupported": ["utilization", "samples", "memory_v2", "processes"],
                "processes": [{"pid": 1234, "used": 76e9}], "block": 0}]}
 
+Health fields, each NotSupported while its key is absent: `power` and `power_limit` (W), `energy` (J when the fake
+loaded; it grows by `power` per second), `recovery_action`, `ecc_uncorrected`, `remapped_rows` ([correctable,
+uncorrectable, pending, failure]), `pcie_replays`, `clock_reasons` (the event-reason bitmask).
+Events: `"events": [{"id": 1, "gpu": 2, "type": "xid", "data": 79}]` at the top level, each delivered once to every
+event set that registered its GPU (`type`: xid, unavailable, recovery).
+
 `block`: seconds every call on that GPU takes before it answers, as when its firmware stops answering (Xid 119,
 a GSP RPC timeout: each call waits ~45 s, NVIDIA/open-gpu-kernel-modules#446).
 """
@@ -41,6 +47,9 @@ SAMPLE_PERIOD_US = 166_667  # NVML samples utilization every 1/6 s on recent GPU
 _BUFFERED_SAMPLES = 120
 _cache: dict[str, object] = {"mtime": None, "scenario": {}}
 _initialised = False
+_LOADED = time.time()
+_EVENT_TYPES = {"xid": _real.nvmlEventTypeXidCriticalError, "unavailable": _real.nvmlEventTypeGpuUnavailableError,
+                "recovery": _real.nvmlEventTypeGpuRecoveryAction}
 
 
 def _scenario() -> dict:
@@ -171,3 +180,109 @@ def nvmlDeviceGetSamples(handle: _Handle, sampling_type: int, timeStamp: int):
     if not samples:
         _fail(_real.NVML_ERROR_NOT_FOUND)
     return (_real.NVML_VALUE_TYPE_UNSIGNED_INT, samples)
+
+
+def _health(handle: _Handle, key: str) -> object:
+    gpu = _gpu(handle)
+    if key not in gpu or key in gpu.get("unsupported", []):
+        _fail(_real.NVML_ERROR_NOT_SUPPORTED)
+    return gpu[key]
+
+
+def nvmlDeviceGetPowerUsage(handle: _Handle) -> int:
+    return int(float(_health(handle, "power")) * 1000)  # mW
+
+
+def nvmlDeviceGetEnforcedPowerLimit(handle: _Handle) -> int:
+    return int(float(_health(handle, "power_limit")) * 1000)
+
+
+def nvmlDeviceGetTotalEnergyConsumption(handle: _Handle) -> int:
+    joules = float(_health(handle, "energy")) + float(_gpu(handle).get("power", 0)) * (time.time() - _LOADED)
+    return int(joules * 1000)  # mJ
+
+
+def nvmlDeviceGetTotalEccErrors(handle: _Handle, error_type: int, counter_type: int) -> int:
+    return int(_health(handle, "ecc_uncorrected"))
+
+
+def nvmlDeviceGetRemappedRows(handle: _Handle) -> tuple[int, int, int, int]:
+    return tuple(int(v) for v in _health(handle, "remapped_rows"))  # type: ignore[return-value, union-attr]
+
+
+def nvmlDeviceGetPcieReplayCounter(handle: _Handle) -> int:
+    return int(_health(handle, "pcie_replays"))
+
+
+def nvmlDeviceGetCurrentClocksEventReasons(handle: _Handle) -> int:
+    return int(_health(handle, "clock_reasons"))
+
+
+def nvmlDeviceGetFieldValues(handle: _Handle, field_ids: list[int]):
+    """The real shape: one `c_nvmlFieldValue_t` per field, each with its own `nvmlReturn`."""
+    gpu = _gpu(handle)
+    values = (_real.c_nvmlFieldValue_t * len(field_ids))()
+    for value, field_id in zip(values, field_ids, strict=True):
+        value.fieldId = field_id
+        if field_id == _real.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION and "recovery_action" in gpu:
+            value.nvmlReturn, value.valueType = _real.NVML_SUCCESS, _real.NVML_VALUE_TYPE_UNSIGNED_INT
+            value.value.uiVal = int(gpu["recovery_action"])
+        else:
+            value.nvmlReturn = _real.NVML_ERROR_NOT_SUPPORTED
+    return values
+
+
+def nvmlDeviceGetIndex(handle: _Handle) -> int:
+    _gpu(handle)
+    return handle.index
+
+
+# -- events: what `nvmlEventSetWait_v2` returns, one scenario event at a time --------------------------------------
+
+class _EventSet:
+    def __init__(self) -> None:
+        self.masks: dict[int, int] = {}  # GPU index -> registered event types
+        self.delivered: set[object] = set()
+
+
+class _EventData:
+    """The fields of `c_nvmlEventData_t` that callers read; `device` is the fake's handle."""
+
+    def __init__(self, device: _Handle, event_type: int, data: int) -> None:
+        self.device, self.eventType, self.eventData = device, event_type, data
+        self.gpuInstanceId = self.computeInstanceId = 0xFFFFFFFF
+
+
+def nvmlEventSetCreate() -> _EventSet:
+    if not _initialised:
+        _fail(_real.NVML_ERROR_UNINITIALIZED)
+    return _EventSet()
+
+
+def nvmlDeviceGetSupportedEventTypes(handle: _Handle) -> int:
+    mask = 0
+    for name in _gpu(handle).get("event_types", list(_EVENT_TYPES)):
+        mask |= _EVENT_TYPES[name]
+    return mask
+
+
+def nvmlDeviceRegisterEvents(handle: _Handle, event_types: int, event_set: _EventSet) -> None:
+    _gpu(handle)
+    event_set.masks[handle.index] = event_set.masks.get(handle.index, 0) | event_types
+
+
+def nvmlEventSetWait_v2(event_set: _EventSet, timeoutms: int) -> _EventData:
+    deadline = time.monotonic() + timeoutms / 1000
+    while True:
+        for event in _scenario().get("events", []):
+            key, gpu, kind = event.get("id"), int(event["gpu"]), _EVENT_TYPES[event.get("type", "xid")]
+            if key not in event_set.delivered and event_set.masks.get(gpu, 0) & kind:
+                event_set.delivered.add(key)
+                return _EventData(_Handle(gpu), kind, int(event.get("data", 0)))
+        if time.monotonic() >= deadline:
+            _fail(_real.NVML_ERROR_TIMEOUT)
+        time.sleep(0.05)
+
+
+def nvmlEventSetFree(event_set: _EventSet) -> None:
+    event_set.masks.clear()
