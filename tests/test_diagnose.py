@@ -106,6 +106,27 @@ def test_gpus_busy_over_recent_samples_are_not_idle(tmp_path: Path, engine) -> N
     assert gpu["utilization"] == 0 and gpu["busy_ratio"] == pytest.approx(0.4) and gpu["busy_window_seconds"] > 10
 
 
+def test_capture_spinning_in_a_collective_and_a_gpu_fault(tmp_path: Path, engine) -> None:
+    """The GPUs at 100 % on 70 W of 700 W and the log silent in graph capture: busy-waiting in a collective, with
+    the power shown per GPU. The same with the driver asking for a node reboot on one of them: the GPU's fault."""
+    sim = engine("sglang", transcripts.sglang_until_capture(8), final="stall")
+    poll(_logged(sim, "Capture target decode CUDA graph begin"), what="the capture's begin line")
+    held = _held_by(sim)
+    for gpu in held["gpus"]:
+        gpu.update(util=100, power=70, power_limit=700)
+    server = _json(_run(tmp_path, sim.name, "--json", nvml=held))
+    assert server["verdict"]["status"] == "stalled", server["verdict"]
+    assert "busy-waiting in a collective" in server["verdict"]["text"]
+    assert "GPU 0 100% at 70 W of 700 W" in server["verdict"]["text"]
+    gpu = server["gpu"]["gpus"][0]
+    assert (gpu["power_watts"], gpu["power_limit_watts"], gpu["xids"]) == (70, 700, [])
+
+    held["gpus"][3]["recovery_action"] = 2
+    out = _run(tmp_path, sim.name, nvml=held)
+    assert "VERDICT: FAILED: GPU 3 (GPU-" in out.stdout and "the driver asks for: node reboot" in out.stdout, out.stdout
+    assert "70 W of 700 W, recovery action node reboot" in out.stdout
+
+
 def test_healthy_idle_server(tmp_path: Path, engine) -> None:
     sim = engine("sglang", transcripts.sglang_healthy(2), final="serve", tp=2)
     poll(_logged(sim, "The server is fired up"), what="the ready line")

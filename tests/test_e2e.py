@@ -382,3 +382,72 @@ def test_crash_loop_pages_within_ten_minutes(exporter, engine, daemons: list[Dae
     assert description.startswith(f"{looping.name} on 127.0.0.1:{e.port} relaunched "), description
     assert "served in none of them; the last notable line was fatal" in description
     assert page["annotations"]["runbook_url"].endswith("#inferenceservercrashlooping")
+
+
+def test_collective_hang_pages_a_capture_that_draws_power_and_an_idle_spin_do_not(
+    exporter, engine, daemons: list[Daemon], tmp_path: Path
+) -> None:
+    """A graph capture that hangs in a collective: its GPUs read 100 % at 70 W of 700 (nccl#968) and its log
+    stops at the capture's begin line; it pages within log_stale + 2 (scaled) minutes of that line. Beside it a
+    capture as silent whose GPUs draw 450 W in bursts, and a healthy idle server whose GPUs spin at 80 W
+    (sglang#6085) but which serves and passes its probe: neither raises anything."""
+    hook = Webhook()
+    am_port = alertmanager(daemons, tmp_path, hook)
+    nvml = gpus(6, used=76e9, util=100, power=70, power_limit=700)
+    for gpu, watts in ((2, 90), (3, 90), (4, 80), (5, 80)):
+        nvml[gpu]["power"] = watts
+    e = exporter(nvml={"gpus": nvml},
+                 config=EXPORTER_CONFIG.replace("log_stale: 3s", f"log_stale: {STALL_LOG_STALE:g}s"))
+    query = prometheus(daemons, tmp_path, am_port, e.port)
+    poll(lambda: query('up{job="stallwatch"} == 1'), timeout=30, what="the first scrape")
+
+    transcript = t.sglang_until_capture(tp=2)
+    hung = engine("sglang", transcript, final="stall", tp=2)
+    capture = engine("sglang", transcript, final="stall", tp=2)
+    idle = engine("sglang", t.sglang_healthy(tp=2), final="serve", tp=2)
+    for first, server in ((0, hung), (2, capture), (4, idle)):
+        ranks = poll(lambda s=server: pids_with_titles(s.proc.pid, "sglang::scheduler_TP", 2), timeout=30,
+                     what=f"{server.name}'s schedulers")
+        for gpu, pid in enumerate(ranks, start=first):
+            nvml[gpu]["processes"] = [{"pid": pid, "used": 75e9}]
+    e.nvml.update(gpus=nvml)
+    poll(lambda: hung.log.stat().st_size >= len(transcript.encode()), timeout=30, what="the hang's last line")
+    last_line = hung.log.stat().st_mtime
+
+    stop = threading.Event()
+
+    def bursts() -> None:  # the working capture: 450 W for a second and a half of every three
+        while not stop.wait(1.5):
+            for gpu in (2, 3):
+                nvml[gpu]["power"] = 450 if nvml[gpu]["power"] == 90 else 90
+            e.nvml.update(gpus=nvml)
+
+    burster = threading.Thread(target=bursts, daemon=True)
+    burster.start()
+    try:
+        page = poll(lambda: hook.find("InferenceServerStuckInCollective", hung.name, "firing"), timeout=90,
+                    interval=0.2, what="the collective hang's page")
+        latency = page["received_at"] - last_line
+        print(f"collective hang: paged {latency:.1f} s after the last log line (log_stale {STALL_LOG_STALE:g} s, "
+              f"bound {STALL_LOG_STALE + rule_seconds('2m') + PIPELINE:g} s)")
+        assert STALL_LOG_STALE <= latency <= STALL_LOG_STALE + rule_seconds("2m") + PIPELINE
+        assert page["labels"]["severity"] == "critical"
+        description = page["annotations"]["description"]
+        assert description.startswith(f"{hung.name} on 127.0.0.1:{e.port}: its GPUs have been busy "), description
+        assert "(phase capturing_graphs): NCCL kernels spin waiting for a peer" in description
+        assert page["annotations"]["runbook_url"].endswith("#inferenceserverstuckincollective")
+        assert "STALLED: busy-waiting" in _status_page(page["annotations"]["status_url"])
+        # The idle alert cannot see it: the GPUs are busy.
+        assert not hook.find("InferenceServerLoadedButIdle", hung.name, "firing")
+
+        # The working capture and the idle spin stay silent for two more (scaled) minutes, as long as the hang
+        # took to page after its log_stale.
+        time.sleep(rule_seconds("2m"))
+        for server in (capture.name, idle.name):
+            assert query(f'ALERTS{{server="{server}"}}') == [], server
+            assert not [a for a in hook.alerts if a["labels"].get("server") == server], server
+        spinning = query("stallwatch:server_gpu_spinning_ratio:max")
+        assert {s["metric"]["server"] for s in spinning} == {hung.name, idle.name}
+    finally:
+        stop.set()
+        burster.join()

@@ -17,7 +17,7 @@ import pytest
 from stallwatch.collectors import REGISTRY
 from support import transcripts as t
 from support.docs import documented
-from support.harness import GIB, Scrape, free_port, gpus, require
+from support.harness import GIB, Scrape, free_port, gpus, poll, require
 
 
 def test_landing_page_health_and_404(exporter) -> None:
@@ -179,6 +179,18 @@ def test_gpu_health_fields_xid_events_and_memory_nobody_watched(exporter, engine
                         what="Xid 119")
     assert scrape.value("stallwatch_gpu_xid_errors_total", gpu="1", xid="79") == 1  # delivered once
     assert scrape.value("stallwatch_gpu_xid_last_timestamp_seconds", gpu="1", xid="79") == first
+
+    # The server's status page shows its GPU's power, recovery action and Xids, and its verdict is the fault's.
+    e.nvml.update(events=[{"id": 3, "gpu": 0, "type": "xid", "data": 13}])
+
+    def status_page_with_the_xid() -> str | None:
+        body = e.get(f"/servers/{sim.name}")[1]
+        return body if "Xid 13 x1" in body else None
+
+    page = poll(status_page_with_the_xid, what="the Xid on the status page")
+    assert "70 W of 700 W, recovery action GPU reset; Xid 13 x1 " in page
+    assert "(a graphics engine exception)" in page
+    assert "FAILED: GPU 0 (GPU-" in page and "the driver asks for: GPU reset" in page
 
 
 def test_failing_collector_is_isolated(exporter) -> None:

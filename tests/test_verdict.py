@@ -25,8 +25,10 @@ from stallwatch.report.model import (
     StackGroup,
     ThreadStack,
     Verdict,
+    XidInfo,
 )
 from stallwatch.report.verdict import verdict
+from stallwatch.signals.xid import XIDS, XidClass
 from support.paths import ROOT
 
 CASES = yaml.safe_load((ROOT / "rules" / "tests" / "verdict.cases.yml").read_text())
@@ -41,8 +43,14 @@ def _gpus(case: dict[str, Any]) -> GpuSection:
         return GpuSection(False, "NVML unavailable (no driver, or no access to it)")
     return GpuSection(True, "", [
         GpuInfo(str(i), f"GPU-{i}", "NVIDIA H100 80GB HBM3", g.get("held", 76e9), 80e9, g.get("held", 76e9),
-                g.get("utilization", 0.0), g.get("busy", 0.0), 20.0)
+                g.get("utilization", 0.0), g.get("busy", 0.0), 20.0, g.get("power"), g.get("limit"),
+                g.get("recovery"), [_xid(x) for x in g.get("xids", [])])
         for i, g in enumerate(gpus)])
+
+
+def _xid(seen: dict[str, Any]) -> XidInfo:
+    known = XIDS.get(seen["xid"], XidClass("information", "information or cleanup"))
+    return XidInfo(seen["xid"], 1, seen["ago"], known.kind, known.meaning)
 
 
 def _stacks(case: dict[str, Any]) -> tuple[list[ProcessInfo], list[StackGroup]]:

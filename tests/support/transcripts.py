@@ -90,6 +90,13 @@ def sglang_after_shards(tp: int = 8) -> str:
     return out
 
 
+def sglang_until_capture(tp: int = 8) -> str:
+    """Launch to the first decode graph capture's begin line: where a capture that hangs in a collective ends."""
+    after = sglang_after_shards(tp)
+    end = after.index("\n", after.index("Capture target decode CUDA graph begin")) + 1
+    return sglang_until_shards(tp) + after[:end]
+
+
 def sglang_decode(count: int, start_second: int = 0) -> Iterable[str]:
     """Steady-state `Decode batch` lines, as a busy server prints them every 40 steps."""
     for i in range(count):

@@ -36,6 +36,15 @@ class PhaseInfo:
 
 
 @dataclass
+class XidInfo:
+    xid: int
+    count: int
+    seconds_ago: float  # since the last one
+    kind: str  # fault | application | information (signals/xid.py's XIDS)
+    meaning: str
+
+
+@dataclass
 class GpuInfo:
     index: str
     uuid: str
@@ -46,6 +55,10 @@ class GpuInfo:
     utilization: float | None
     busy_ratio: float | None  # mean utilization over NVML's buffer of recent samples (the last minutes at most)
     busy_window_seconds: float  # the span of those samples
+    power_watts: float | None = None  # None: the GPU does not report it
+    power_limit_watts: float | None = None
+    recovery_action: int | None = None  # what the driver asks for (nvmlGpuRecoveryAction_t)
+    xids: list[XidInfo] = field(default_factory=list)  # the Xids it reported while the exporter watched
 
 
 @dataclass

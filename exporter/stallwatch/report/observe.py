@@ -24,11 +24,13 @@ from stallwatch.report.model import (
     ProcessInfo,
     ServerReport,
     Verdict,
+    XidInfo,
 )
 from stallwatch.report.verdict import verdict
 from stallwatch.signals.devices import server_memory
 from stallwatch.signals.nvml import Nvml
 from stallwatch.signals.probes import Result
+from stallwatch.signals.xid import XIDS, XidClass, XidEvents
 
 
 class UnknownServer(LookupError):
@@ -79,17 +81,25 @@ def phase_info(server: Server) -> PhaseInfo:
         shards_loaded=snap.shards_loaded, shards_expected=snap.shards_expected)
 
 
-def gpu_section(server: Server, nvml: Nvml | None) -> GpuSection:
-    """The GPUs now, each with what the server holds on it; None `nvml`: the gpu collector is off (and NVML is
-    left alone)."""
+def gpu_section(server: Server, nvml: Nvml | None, xid: XidEvents | None = None) -> GpuSection:
+    """The GPUs now, each with what the server holds on it, its power and recovery action and the Xids it reported;
+    None `nvml`: the gpu collector is off (and NVML is left alone)."""
     if nvml is None:
         return GpuSection(False, "the gpu collector is disabled")
     found = nvml.read_devices()
     if not found.up:
         return GpuSection(False, found.error)
     held = {device.index: memory for device, memory in server_memory(server, found.devices)}
+    now = time.time()
+    xids: dict[str, list[XidInfo]] = {}
+    for count in xid.counts() if xid is not None else []:
+        known = XIDS.get(int(count.xid), XidClass("information", "information or cleanup"))
+        xids.setdefault(count.uuid, []).append(
+            XidInfo(int(count.xid), count.count, max(0.0, now - count.last), known.kind, known.meaning))
     gpus = [GpuInfo(d.index, d.uuid, d.name, d.used, d.total, held.get(d.index), d.utilization, d.busy_ratio,
-                    d.busy_window) for d in found.devices]
+                    d.busy_window, d.health.power_watts, d.health.power_limit_watts,
+                    None if d.health.recovery_action is None else int(d.health.recovery_action),
+                    sorted(xids.get(d.uuid, []), key=lambda x: x.seconds_ago)) for d in found.devices]
     errors = [f"GPU {f.index} did not answer: {type(f.error).__name__}" for f in found.failed]
     return GpuSection(True, "; ".join(errors), gpus)
 

@@ -6,7 +6,18 @@ import dataclasses
 import json
 import re
 
-from stallwatch.report.model import EngineInfo, GpuSection, LogInfo, PortInfo, Report, ServerReport, StackGroup
+from stallwatch.report.model import (
+    EngineInfo,
+    GpuInfo,
+    GpuSection,
+    LogInfo,
+    PortInfo,
+    Report,
+    ServerReport,
+    StackGroup,
+    XidInfo,
+)
+from stallwatch.signals.xid import RECOVERY_ACTIONS
 
 
 def render_json(report: Report) -> str:
@@ -61,9 +72,23 @@ def _gpu_text(g: GpuSection) -> str:
             + f", used {d.memory_used_bytes / 1e9:.1f}/{d.memory_total_bytes / 1e9:.1f} GB, utilization "
             + (f"{d.utilization:.0%}" if d.utilization is not None else "n/a")
             + (f", busy {d.busy_ratio:.0%} over the last {d.busy_window_seconds:.0f} s" if d.busy_ratio is not None
-               else "") for d in g.gpus]
+               else "") + _health_text(d) for d in g.gpus]
     return "\n".join(["GPUs (utilization now; busy: over NVML's recent samples):", *rows]
                      + ([f"  {g.error}"] if g.error else []))
+
+
+def _health_text(d: GpuInfo) -> str:
+    """", 70 W of 700 W, recovery action node reboot; Xid 79 x1 3 min ago (the GPU has fallen off the bus: ...)"."""
+    out = ""
+    if d.power_watts is not None:
+        out += f", {d.power_watts:.0f} W" + (f" of {d.power_limit_watts:.0f} W" if d.power_limit_watts else "")
+    if d.recovery_action:
+        out += f", recovery action {RECOVERY_ACTIONS.get(d.recovery_action, d.recovery_action)}"
+    return out + "".join(f"; {xid_text(x)}" for x in d.xids)
+
+
+def xid_text(x: XidInfo) -> str:
+    return f"Xid {x.xid} x{x.count} {duration(x.seconds_ago)} ago ({x.meaning})"
 
 
 def _process_text(s: ServerReport) -> str:

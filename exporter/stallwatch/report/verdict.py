@@ -7,18 +7,20 @@ counter over the report's window for their 2-minute one. Its cases are tabled be
 
 from __future__ import annotations
 
-from stallwatch.report.model import ServerReport, Verdict
-from stallwatch.report.render import duration, fold_roles
+from stallwatch.report.model import GpuInfo, ServerReport, Verdict
+from stallwatch.report.render import duration, fold_roles, xid_text
 from stallwatch.report.stacks import wait_frame
+from stallwatch.signals.xid import RECENT_SECONDS, RECOVERY_ACTIONS, RECOVERY_NOT_FAULTS
 
 IDLE_RATIO = 0.005  # the rules' idle threshold on the busiest GPU's utilization
+SPIN_BUSY, SPIN_POWER = 0.95, 0.3  # the rules' busy-wait: this busy at under this share of the power limit
 STARTUP = ("launching", "loading_weights", "allocating_memory", "capturing_graphs", "warming_up")
 
 
 def verdict(report: ServerReport, memory_threshold: float, log_stale: float) -> Verdict:
     """The alert rules' logic on one look at the server."""
     phase = report.phase
-    for check in (_failed, _down):
+    for check in (_gpu_fault, _failed, _down):
         found = check(report)
         if found is not None:
             return found
@@ -33,10 +35,42 @@ def verdict(report: ServerReport, memory_threshold: float, log_stale: float) -> 
     if held and max(held) > memory_threshold and idle and quiet and not_serving:
         return Verdict("stalled", f"loaded but idle for {duration(phase.quiet_seconds)} in {phase.phase}; "
                                   + _evidence(report))
+    spinning = [g for g in report.gpu.gpus if g.server_memory_bytes and _spins(g)]
+    if spinning and quiet and not_serving:
+        power = ", ".join(f"GPU {g.index} {g.utilization:.0%} at {g.power_watts:.0f} W of {g.power_limit_watts:.0f} W"
+                          for g in spinning)
+        return Verdict("stalled", f"busy-waiting in a collective for {duration(phase.quiet_seconds)} in "
+                                  f"{phase.phase} ({power}): a peer rank is dead or slow; " + _evidence(report))
     if phase.phase in STARTUP and quiet and idle:
         return Verdict("stalled", f"startup stuck in {phase.phase}: no log progress for "
                                   f"{duration(phase.quiet_seconds)} and no GPU activity; " + _evidence(report))
     return _serving(report) or _starting(report, log_stale)
+
+
+def _spins(g: GpuInfo) -> bool:
+    """Busy now and over the recent samples at under SPIN_POWER of its limit: stallwatch:gpu_spinning_ratio:rate5m
+    as one look sees it (the power now for the rules' highest over 5 minutes)."""
+    return (g.utilization is not None and g.utilization >= SPIN_BUSY
+            and (g.busy_ratio is None or g.busy_ratio >= SPIN_BUSY)
+            and g.power_watts is not None and bool(g.power_limit_watts)
+            and g.power_watts < SPIN_POWER * (g.power_limit_watts or 0.0))
+
+
+def _gpu_fault(report: ServerReport) -> Verdict | None:
+    """InferenceServerGpuFault: a recent Xid of the fault class, or a recovery action that asks for a reset or a
+    reboot, on a GPU the server holds memory on."""
+    for g in report.gpu.gpus:
+        if not g.server_memory_bytes:
+            continue
+        recent = [x for x in g.xids if x.kind == "fault" and x.seconds_ago < RECENT_SECONDS["fault"]]
+        action = g.recovery_action
+        if recent or (action is not None and action not in RECOVERY_NOT_FAULTS):
+            said = f"GPU {g.index} ({g.uuid}) reported {xid_text(recent[0])}" if recent else f"GPU {g.index} ({g.uuid})"
+            if action:
+                said += f", the driver asks for: {RECOVERY_ACTIONS.get(action, str(action))}"
+            return Verdict("failed", said + "; drain the server, then reset the GPU or reboot: it will not recover "
+                                            "by itself")
+    return None
 
 
 def _failed(report: ServerReport) -> Verdict | None:
@@ -88,6 +122,7 @@ def _evidence(report: ServerReport) -> str:
     events = [f"{k} x{v}" for k, v in report.log.events.items() if k != "server_restart"]
     if events:
         parts.append("log events: " + ", ".join(events))
+    parts.extend(f"GPU {g.index} {xid_text(x)}" for g in report.gpu.gpus if g.server_memory_bytes for x in g.xids)
     return "; ".join(parts)
 
 

@@ -118,7 +118,7 @@ class BusyIntegrator:
             return None, 0.0
         window = BusyIntegrator()
         window.add_samples(list(self.recent))
-        return window.busy_seconds / span, span
+        return min(1.0, window.busy_seconds / span), span  # the sum of the samples' shares can round above 1
 
     def add_rate(self, now: float, percent: float) -> None:
         """Fallback where samples are not supported: the current rate held since the previous tick."""

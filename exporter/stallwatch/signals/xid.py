@@ -34,6 +34,40 @@ FALLEN_OFF_THE_BUS = 79
 
 
 @dataclass(frozen=True)
+class XidClass:
+    kind: str  # fault: the GPU needs a reset or a reboot (pages) | application: a rank faulted (tickets)
+    meaning: str  # what it means and what to do, as the alerts and the reports say it
+
+
+# NVIDIA's Xid catalog (docs.nvidia.com/deploy/xid-errors, resolution column): the Xids the rules alert on, with
+# the same sets and windows as InferenceServerGpuFault and InferenceServerGpuApplicationFault
+# (tests/test_rules.py holds them equal). Any other Xid (45 cleanup, 63 and 92 information, 94 contained ECC) is
+# counted and shown, never alerted on.
+XIDS = {
+    13: XidClass("application", "a graphics engine exception"),
+    31: XidClass("application", "a memory page fault"),
+    43: XidClass("application", "the GPU stopped a channel"),
+    48: XidClass("fault", "an uncorrectable ECC error: reset the GPU"),
+    62: XidClass("fault", "the GPU stopped processing: reset it"),
+    64: XidClass("fault", "a row remap failed: reset the GPU"),
+    74: XidClass("fault", "an NVLink error, maybe at the other end: reset the GPU or reboot"),
+    79: XidClass("fault", "the GPU has fallen off the bus: reboot the node"),
+    95: XidClass("fault", "an uncorrectable ECC error: reset the GPU"),
+    109: XidClass("fault", "the GPU stopped processing: reset it"),
+    119: XidClass("fault", "its GSP firmware stopped answering: reset the GPU or reboot"),
+    120: XidClass("fault", "its GSP firmware stopped answering: reset the GPU or reboot"),
+    140: XidClass("fault", "an uncorrectable ECC error: reset the GPU"),
+    154: XidClass("fault", "the driver's recovery action changed"),
+}
+RECENT_SECONDS = {"fault": 900.0, "application": 600.0}  # how long after it an Xid still alerts
+# nvmlGpuRecoveryAction_t: what the driver asks for; 3 (drain P2P) and 5 (recover the IMEX domain) are not a fault
+# of this GPU.
+RECOVERY_ACTIONS = {0: "none", 1: "GPU reset", 2: "node reboot", 3: "drain P2P", 4: "drain and reset",
+                    5: "recover the IMEX domain", 6: "bus reset", 7: "system reboot"}
+RECOVERY_NOT_FAULTS = frozenset({0, 3, 5})
+
+
+@dataclass(frozen=True)
 class XidCount:
     gpu: str
     uuid: str
