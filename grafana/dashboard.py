@@ -69,42 +69,70 @@ def panels() -> list[dict[str, Any]]:
             target(f"rate(stallwatch_gpu_busy_seconds_total{{{INST}}}[$__rate_interval])", "busy GPU {{gpu}}",
                    "B"),
         ], unit="percentunit", description="NVML's last sample, and busy seconds per second over the interval."),
-        panel("CPU by process role", "timeseries", 0, 19, 12, 8, [target(
+        *gpu_health_panels(19),
+        panel("CPU by process role", "timeseries", 0, 27, 12, 8, [target(
             f"sum by (server, process) (rate(stallwatch_process_cpu_seconds_total{{{SEL}}}[$__rate_interval]))",
             "{{server}} {{process}}")], unit="percentunit",
               description="Cores used per role (main, scheduler_TP*, Worker_TP*...). A stalled scheduler is at 0."),
-        panel("Processes by state", "timeseries", 12, 19, 12, 8, [target(
+        panel("Processes by state", "timeseries", 12, 27, 12, 8, [target(
             f"stallwatch_server_processes{{{SEL}}} > 0", "{{server}} {{state}}")],
               description="R running, S sleeping, D uninterruptible, Z zombie, T stopped."),
-        panel("Log last-line and last-progress age", "timeseries", 0, 27, 12, 8, [
+        panel("Log last-line and last-progress age", "timeseries", 0, 35, 12, 8, [
             target(f"stallwatch_log_last_line_age_seconds{{{SEL}}}", "{{server}} {{path}}"),
             target(f"stallwatch_stall_log_stale_threshold_seconds{{{SEL}}}", "{{server}} threshold", "B"),
             target(f"time() - stallwatch_log_last_progress_timestamp_seconds{{{SEL}}}", "{{server}} since progress",
                    "C"),
         ], unit="s", description="Seconds since each log grew, and since its last line that is not a heartbeat "
                                  "(the rules' \"log silent\"), against the stale threshold."),
-        panel("Weight shards", "timeseries", 12, 27, 12, 8, [
+        panel("Weight shards", "timeseries", 12, 35, 12, 8, [
             target(f"stallwatch_weight_shards_loaded{{{SEL}}}", "{{server}} loaded"),
             target(f"stallwatch_weight_shards_expected{{{SEL}}}", "{{server}} expected", "B"),
         ], description="Safetensors shards loaded in the current launch."),
-        panel("Health probe and port", "timeseries", 0, 35, 12, 8, [
+        panel("Health probe and port", "timeseries", 0, 43, 12, 8, [
             target(f"stallwatch_probe_success{{{SEL}}}", "{{server}} {{url}}"),
             target(f"stallwatch_server_listening{{{SEL}}}", "{{server}} port {{port}} listening", "B"),
         ], description="1 when the last probe of the URL succeeded; 1 when the engine's port listens in the "
                        "server's own network namespace (0: it never opened).",
               options={"legend": {"showLegend": True}}),
-        panel("Probe duration", "timeseries", 12, 35, 12, 8, [
+        panel("Probe duration", "timeseries", 12, 43, 12, 8, [
             target(f"stallwatch_probe_duration_seconds{{{SEL}}}", "{{server}} {{url}}"),
         ], unit="s"),
-        panel("Log events (1h)", "timeseries", 0, 43, 12, 8, [target(
+        panel("Log events (1h)", "timeseries", 0, 51, 12, 8, [target(
             f"sum by (server, event) (increase(stallwatch_log_events_total{{{SEL}}}[1h]))", "{{server}} {{event}}")],
               description="fatal, nccl_timeout, oom, stall_warning and server_restart lines in the last hour."),
-        panel("Exporter collectors", "timeseries", 12, 43, 12, 8, [
+        panel("Exporter collectors", "timeseries", 12, 51, 12, 8, [
             target(f"stallwatch_collector_success{{{INST}}}", "{{instance}} {{collector}}"),
             target(f"stallwatch_nvml_up{{{INST}}}", "{{instance}} nvml", "B"),
         ], description="1 when each collector succeeded; nvml 0 means no GPU metrics."),
-        *engine_panels(51),
+        *engine_panels(59),
     ]
+
+
+def gpu_health_panels(y: int) -> list[dict[str, Any]]:
+    """Beside utilization: power against its limit (100 % busy at a fraction of the limit is a busy-wait), and what
+    the driver says of the GPU."""
+    return [
+        panel("GPU power against its limit", "timeseries", 0, y, 12, 8, [
+            target(f"stallwatch_gpu_power_watts{{{INST}}}", "GPU {{gpu}}"),
+            target(f"stallwatch_gpu_power_limit_watts{{{INST}}}", "GPU {{gpu}} limit", "B"),
+        ], unit="watt", description="Power draw and the enforced limit. GPUs at 100 % utilization under 30 % of "
+                                    "their limit spin in a collective (InferenceServerStuckInCollective)."),
+        panel("GPU recovery action and uncorrected ECC (1h)", "timeseries", 12, y, 12, 8, [
+            target(f"stallwatch_gpu_recovery_action{{{INST}}}", "GPU {{gpu}} recovery action"),
+            target(f"increase(stallwatch_gpu_ecc_uncorrected_errors_total{{{INST}}}[1h])", "GPU {{gpu}} ECC", "B"),
+        ], description="The driver's recovery action (0 none, 1 GPU reset, 2 node reboot, 3 drain P2P, 4 drain and "
+                       "reset) and uncorrectable ECC errors in the last hour. Xids are the dashboard's "
+                       "annotations."),
+    ]
+
+
+# Xid events on the time axis: a Prometheus annotation for each Xid in the step after it came.
+XID_ANNOTATION = {
+    "name": "Xid", "datasource": DS, "enable": True, "iconColor": "red", "step": "60s",
+    "expr": f"time() - stallwatch_gpu_xid_last_timestamp_seconds{{{INST}}} < 60",
+    "titleFormat": "Xid {{xid}}", "textFormat": "GPU {{gpu}} ({{uuid}}) on {{instance}}",
+    "tagKeys": "instance,gpu,xid", "useValueForTime": False,
+}
 
 
 ENGINE_PANEL = "Engine: "
@@ -144,7 +172,7 @@ def dashboard() -> dict[str, Any]:
         "editable": True,
         "refresh": "30s",
         "time": {"from": "now-6h", "to": "now"},
-        "annotations": {"list": []},
+        "annotations": {"list": [XID_ANNOTATION]},
         "templating": {"list": [
             {"name": "datasource", "label": "Data source", "type": "datasource", "query": "prometheus",
              "current": {}, "hide": 0},

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from support.dashboard import DASHBOARD, queries
+from support.dashboard import DASHBOARD, annotation_queries, queries
 from support.harness import require
 from support.paths import ROOT
 
@@ -40,7 +40,8 @@ def test_importable_as_is_with_datasource_variable() -> None:
 @pytest.mark.process
 def test_every_query_parses(tmp_path: Path) -> None:
     rules = {"groups": [{"name": "dashboard", "rules": [
-        {"record": f"dashboard:query_{i}", "expr": expr} for i, (_, expr) in enumerate(queries())]}]}
+        {"record": f"dashboard:query_{i}", "expr": expr}
+        for i, (_, expr) in enumerate([*queries(), *annotation_queries()])]}]}
     path = tmp_path / "queries.yml"
     path.write_text(yaml.safe_dump(rules))
     result = subprocess.run([require("promtool"), "check", "rules", str(path)], capture_output=True, text=True)
@@ -53,3 +54,8 @@ def test_servers_table_links_each_row_to_its_status_page() -> None:
     assert link["url"] == "http://${__data.fields.instance:raw}/servers/${__data.fields.server:percentencode}"
     rules = (ROOT / "rules" / "stallwatch.rules.yml").read_text()
     assert "status_url: 'http://{{ $labels.instance }}/servers/{{ $labels.server | urlquery }}'" in rules
+
+
+def test_xid_events_are_annotations() -> None:
+    [(name, expr)] = annotation_queries()
+    assert name == "Xid" and "stallwatch_gpu_xid_last_timestamp_seconds" in expr

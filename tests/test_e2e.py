@@ -205,7 +205,7 @@ def test_stall_pages_idle_server_does_not_and_restart_resolves(
     am_port = alertmanager(daemons, tmp_path, hook)
     # Exporter and Prometheus first, so that the windows are full of samples when the stall begins (a stall that
     # began before Prometheus watched is the "exporter just started" case of the promtool tests).
-    nvml = gpus(10, used=76e9, util=0)
+    nvml = gpus(10, used=76e9, util=0, power=85, power_limit=700, recovery_action=0, ecc_uncorrected=0)
     e = exporter(nvml={"gpus": nvml},
                  config=EXPORTER_CONFIG.replace("log_stale: 3s", f"log_stale: {STALL_LOG_STALE:g}s"))
     query = prometheus(daemons, tmp_path, am_port, e.port)

@@ -18,3 +18,9 @@ def queries() -> list[tuple[str, str]]:
             expr = target["expr"].replace("$__rate_interval", "15s")
             out.append((panel["title"], re.sub(r"\$(instance|server)\b", ".*", expr)))
     return out
+
+
+def annotation_queries() -> list[tuple[str, str]]:
+    """(annotation name, PromQL) for every annotation, with Grafana's variables filled in."""
+    return [(a["name"], re.sub(r"\$(instance|server)\b", ".*", a["expr"]))
+            for a in json.loads(DASHBOARD.read_text())["annotations"]["list"]]
