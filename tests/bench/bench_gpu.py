@@ -1,7 +1,9 @@
-"""NVML off the scrape path: the cost of the per-GPU readers on 8 GPUs, and the scrape while one GPU's calls block.
+"""NVML off the scrape path: the cost of the per-GPU readers and of the event thread on 8 GPUs, and the scrape while
+one GPU's calls block.
 
-Setup: 8 fake GPUs (tests/support/fakes/pynvml.py), no inference server. First the idle exporter's CPU and threads
-(the NVML survey and one reader per GPU, each reading every `gpu.sample_interval`), and `/metrics` latency; then
+Setup: 8 fake GPUs (tests/support/fakes/pynvml.py) with every health field, no inference server. First the idle
+exporter's CPU and threads (the NVML survey, one reader per GPU reading its memory, utilization and health fields
+every `gpu.sample_interval`, and the thread waiting on NVML's events a second at a time), and `/metrics` latency; then
 GPU 3's calls block for 45 s each (an Xid 119 GSP RPC timeout, NVIDIA/open-gpu-kernel-modules#446) and the same
 latency is measured while it blocks.
 
@@ -45,7 +47,8 @@ def main() -> None:
     parser.add_argument("--idle-seconds", type=float, default=20.0)
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="stallwatch-bench-gpu-"))
-    nvml = gpus(8, util=40)
+    nvml = gpus(8, util=40, power=310, power_limit=700, energy=1e6, recovery_action=0, ecc_uncorrected=0,
+                remapped_rows=[0, 0, 0, 0], pcie_replays=0, clock_reasons=0)
     exporter = Exporter(tmp, nvml={"gpus": nvml}, config="gpu: {sample_interval: 1s, timeout: 5s}\n")
     try:
         exporter.wait_for(lambda s: len(s.samples("stallwatch_gpu_busy_seconds_total")) == 8, timeout=30)
@@ -53,8 +56,9 @@ def main() -> None:
         cpu_before, wall_before = sum(proc.cpu_times()[:2]), time.monotonic()
         time.sleep(args.idle_seconds)
         cpu = sum(proc.cpu_times()[:2]) - cpu_before
-        print(f"idle exporter with 8 GPUs read every 1 s: {100 * cpu / (time.monotonic() - wall_before):.2f}% of one "
-              f"core, {proc.num_threads()} threads")
+        share = 100 * cpu / (time.monotonic() - wall_before)
+        print(f"idle exporter with 8 GPUs read every 1 s, health fields and events: {share:.2f}% of one core, "
+              f"{proc.num_threads()} threads")
         print(f"/metrics, every GPU answering:  {figures([fetch(url) for _ in range(args.scrapes)])}")
         nvml[3]["block"] = BLOCK_SECONDS
         exporter.nvml.update(gpus=nvml)
