@@ -197,6 +197,18 @@ ENGINE_PANEL = "Engine: "  # the title prefix of the dashboard's panels of the e
 STALL_LOG_STALE = 12.0  # seconds: at least the scaled idle window (5m -> 10 s), as the latency promise assumes
 
 
+def paged_after_silence(hook: Webhook, alertname: str, server: str, last_line: float, what: str) -> dict:
+    """The critical page for `server`, held to the latency promise, scaled: not before log_stale after its last
+    log line, within log_stale + 2 minutes (+ the unscaled pipeline)."""
+    page = poll(lambda: hook.find(alertname, server, "firing"), timeout=90, interval=0.2, what=f"the {what}'s page")
+    latency = page["received_at"] - last_line
+    print(f"{what}: paged {latency:.1f} s after the last log line (log_stale {STALL_LOG_STALE:g} s, "
+          f"bound {STALL_LOG_STALE + rule_seconds('2m') + PIPELINE:g} s)")
+    assert STALL_LOG_STALE <= latency <= STALL_LOG_STALE + rule_seconds("2m") + PIPELINE
+    assert page["labels"]["severity"] == "critical"
+    return page
+
+
 def test_stall_pages_idle_server_does_not_and_restart_resolves(
     exporter, engine, daemons: list[Daemon], tmp_path: Path
 ) -> None:
@@ -224,14 +236,7 @@ def test_stall_pages_idle_server_does_not_and_restart_resolves(
     poll(lambda: stalled.log.stat().st_size >= len(transcript.encode()), timeout=30, what="the stall's last line")
     last_line = stalled.log.stat().st_mtime
 
-    page = poll(lambda: hook.find("InferenceServerLoadedButIdle", stalled.name, "firing"), timeout=90,
-                interval=0.2, what="the page at the webhook")
-    # The latency promise, scaled: not before log_stale, within log_stale + 2 minutes (+ the unscaled pipeline).
-    latency = page["received_at"] - last_line
-    print(f"seed stall: paged {latency:.1f} s after the last log line (log_stale {STALL_LOG_STALE:g} s, "
-          f"bound {STALL_LOG_STALE + rule_seconds('2m') + PIPELINE:g} s)")
-    assert STALL_LOG_STALE <= latency <= STALL_LOG_STALE + rule_seconds("2m") + PIPELINE
-    assert page["labels"]["severity"] == "critical"
+    page = paged_after_silence(hook, "InferenceServerLoadedButIdle", stalled.name, last_line, "seed stall")
     assert page["labels"]["instance"] == f"127.0.0.1:{e.port}"
     notes = page["annotations"]
     assert notes["summary"] and notes["runbook_url"].endswith("#inferenceserverloadedbutidle")
@@ -425,13 +430,7 @@ def test_collective_hang_pages_a_capture_that_draws_power_and_an_idle_spin_do_no
     burster = threading.Thread(target=bursts, daemon=True)
     burster.start()
     try:
-        page = poll(lambda: hook.find("InferenceServerStuckInCollective", hung.name, "firing"), timeout=90,
-                    interval=0.2, what="the collective hang's page")
-        latency = page["received_at"] - last_line
-        print(f"collective hang: paged {latency:.1f} s after the last log line (log_stale {STALL_LOG_STALE:g} s, "
-              f"bound {STALL_LOG_STALE + rule_seconds('2m') + PIPELINE:g} s)")
-        assert STALL_LOG_STALE <= latency <= STALL_LOG_STALE + rule_seconds("2m") + PIPELINE
-        assert page["labels"]["severity"] == "critical"
+        page = paged_after_silence(hook, "InferenceServerStuckInCollective", hung.name, last_line, "collective hang")
         description = page["annotations"]["description"]
         assert description.startswith(f"{hung.name} on 127.0.0.1:{e.port}: its GPUs have been busy "), description
         assert "(phase capturing_graphs): NCCL kernels spin waiting for a peer" in description

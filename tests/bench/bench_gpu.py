@@ -13,11 +13,9 @@ latency is measured while it blocks.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 import psutil
@@ -25,20 +23,9 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from support.harness import Exporter, gpus
+from support.load import latency_quantiles, timed_get
 
 BLOCK_SECONDS = 45.0
-
-
-def fetch(url: str) -> float:
-    start = time.perf_counter()
-    with urllib.request.urlopen(url, timeout=120) as response:
-        response.read()
-    return time.perf_counter() - start
-
-
-def figures(times: list[float]) -> str:
-    q = statistics.quantiles(times, n=100)
-    return f"p50 {q[49] * 1000:6.2f} ms  p99 {q[98] * 1000:6.2f} ms  max {max(times) * 1000:6.2f} ms"
 
 
 def main() -> None:
@@ -59,17 +46,18 @@ def main() -> None:
         share = 100 * cpu / (time.monotonic() - wall_before)
         print(f"idle exporter with 8 GPUs read every 1 s, health fields and events: {share:.2f}% of one core, "
               f"{proc.num_threads()} threads")
-        print(f"/metrics, every GPU answering:  {figures([fetch(url) for _ in range(args.scrapes)])}")
+        print(f"/metrics, every GPU answering:  {latency_quantiles([timed_get(url) for _ in range(args.scrapes)])}")
         nvml[3]["block"] = BLOCK_SECONDS
         exporter.nvml.update(gpus=nvml)
         blocked = time.monotonic()
         exporter.wait_for(lambda s: s.value("stallwatch_gpu_up", gpu="3") == 0, timeout=30)
         print(f"GPU 3 read down {time.monotonic() - blocked:.1f} s after its calls began to block "
               "(gpu.timeout 5 s, sample_interval 1 s)")
-        times = [fetch(url) for _ in range(args.scrapes)]
+        times = [timed_get(url) for _ in range(args.scrapes)]
         scrape = exporter.scrape()
         up = sorted(s.labels["gpu"] for s in scrape.samples("stallwatch_gpu_up") if s.value == 1)
-        print(f"/metrics, GPU 3 blocking {BLOCK_SECONDS:g} s a call: {figures(times)}; GPUs up: {', '.join(up)}")
+        print(f"/metrics, GPU 3 blocking {BLOCK_SECONDS:g} s a call: {latency_quantiles(times)}; "
+              f"GPUs up: {', '.join(up)}")
     finally:
         exporter.stop()
 

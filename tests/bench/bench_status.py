@@ -8,13 +8,11 @@ and the memory one full hour of history takes per server.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import tempfile
 import threading
 import time
 import tracemalloc
-import urllib.request
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -26,20 +24,9 @@ from stallwatch.signals.history import SPAN_SECONDS, History
 from stallwatch.web.routes import status_path
 from support import transcripts
 from support.harness import Engine, Exporter, gpus, poll
+from support.load import latency_quantiles, timed_get
 
 CONFIG = "defaults:\n  stall:\n    log_stale: 1s\nweb:\n  history_interval: 1s\n  show_evidence: {evidence}\n"
-
-
-def fetch(url: str) -> float:
-    start = time.perf_counter()
-    with urllib.request.urlopen(url, timeout=30) as response:
-        response.read()
-    return time.perf_counter() - start
-
-
-def quantiles(samples: list[float]) -> str:
-    cut = statistics.quantiles(samples, n=100)
-    return f"p50 {cut[49] * 1000:.1f} ms, p99 {cut[98] * 1000:.1f} ms, max {max(samples) * 1000:.1f} ms"
 
 
 def pages(tmp: Path, seconds: float, evidence: bool) -> None:
@@ -56,21 +43,21 @@ def pages(tmp: Path, seconds: float, evidence: bool) -> None:
 
             def scrape() -> None:
                 while not stop.is_set():
-                    scrape_times.append(fetch(e.url + "/metrics"))
+                    scrape_times.append(timed_get(e.url + "/metrics"))
                     time.sleep(0.05)
 
             scraper = threading.Thread(target=scrape)
             scraper.start()
             deadline = time.monotonic() + seconds  # past the 30 s stack cache: some views run py-spy
             while time.monotonic() < deadline:
-                page_times.append(fetch(url))
+                page_times.append(timed_get(url))
                 time.sleep(0.1)
             stop.set()
             scraper.join()
             rss = psutil.Process(e.proc.pid).memory_info().rss / 2**20
             label = "evidence on " if evidence else "evidence off"
-            print(f"{label}: {len(page_times)} views in {seconds:.0f} s: {quantiles(page_times)}")
-            print(f"              /metrics meanwhile: {quantiles(scrape_times)} ({len(scrape_times)} scrapes); "
+            print(f"{label}: {len(page_times)} views in {seconds:.0f} s: {latency_quantiles(page_times)}")
+            print(f"              /metrics meanwhile: {latency_quantiles(scrape_times)} ({len(scrape_times)} scrapes); "
                   f"exporter RSS {rss:.1f} MiB")
         finally:
             e.stop()

@@ -12,6 +12,7 @@ import ssl
 import statistics
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -156,6 +157,19 @@ def idle_and_slowloris(port: int, idle: int, slow: int, trickle: float = 0.5) ->
         for sock in socks:
             with contextlib.suppress(OSError):
                 sock.close()
+
+
+def timed_get(url: str, timeout: float = 120.0) -> float:
+    """Seconds one GET of `url` takes, its body read."""
+    start = time.perf_counter()
+    with urllib.request.urlopen(url, timeout=timeout) as response:
+        response.read()
+    return time.perf_counter() - start
+
+
+def latency_quantiles(samples: list[float]) -> str:
+    cut = statistics.quantiles(samples, n=100, method="inclusive")  # never above the largest sample
+    return f"p50 {cut[49] * 1000:.2f} ms, p99 {cut[98] * 1000:.2f} ms, max {max(samples) * 1000:.2f} ms"
 
 
 def cpu_percent(pid: int, seconds: float) -> float:
