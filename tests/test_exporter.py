@@ -193,6 +193,31 @@ def test_gpu_health_fields_xid_events_and_memory_nobody_watched(exporter, engine
     assert "FAILED: GPU 0 (GPU-" in page and "the driver asks for: GPU reset" in page
 
 
+def test_kernel_log_xid_lines_name_the_process(exporter, engine, tmp_path: Path) -> None:
+    """Where the kernel log is readable, its Xid lines (from before the exporter started too) add the process and
+    the driver's words to the status page: the server's own rank, and a process that is not the server's."""
+    sim = engine("sglang", t.sglang_until_shards(tp=1, shards=4), final="stall", tp=1)
+    nvml = gpus(2)
+    nvml[0]["processes"] = [{"pid": sim.proc.pid, "used": 60e9}]
+    at = int((time.monotonic() - 300) * 1e6)  # /dev/kmsg's clock: microseconds since boot, 5 minutes ago
+    kmsg = tmp_path / "kmsg"
+    kmsg.write_bytes(
+        f"4,101,{at},-;NVRM: Xid (PCI:0000:18:00): 13, pid={sim.proc.pid}, name=python3, Graphics Exception: "
+        "ESR 0x404490=0x80000002\n".encode()
+        + f"4,102,{at},-;NVRM: Xid (PCI:0000:18:00): 31, pid=999999999, name=stray, MMU Fault\n".encode())
+    e = exporter(nvml={"gpus": nvml}, config=f"paths: {{kmsg: {kmsg}}}\n")
+
+    def status_page_with_the_lines() -> str | None:
+        body = e.get(f"/servers/{sim.name}")[1]
+        return body if "Xid 31" in body else None
+
+    page = poll(status_page_with_the_lines, what="the kernel log's Xids on the status page")
+    assert (f"Xid 13 in the kernel log 5 min ago (a graphics engine exception); pid {sim.proc.pid} python3 (main): "
+            "Graphics Exception: ESR 0x404490=0x80000002") in page
+    assert "Xid 31 in the kernel log 5 min ago (a memory page fault); pid 999999999 stray (not this server&#x27;s)" \
+        in page
+
+
 def test_failing_collector_is_isolated(exporter) -> None:
     e = exporter(nvml={"gpus": [{"total": "not a number"}]})
     scrape = e.wait_for(lambda s: s.value("stallwatch_collector_success", collector="gpu") == 0 and s,

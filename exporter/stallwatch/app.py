@@ -22,6 +22,7 @@ from stallwatch.report.live import StatusPages
 from stallwatch.runtime import Runtime
 from stallwatch.signals.engine_page import EngineMetricsSettings, EnginePageManager
 from stallwatch.signals.history import History
+from stallwatch.signals.kmsg import KernelXids
 from stallwatch.signals.logs import LogManager, LogsSettings
 from stallwatch.signals.nvml import GpuSettings, Nvml
 from stallwatch.signals.probes import ProbeManager, ProbeSettings
@@ -48,7 +49,7 @@ def build(config: Config, flags: Mapping[str, bool | None]) -> Runtime:
         logs=LogManager(watcher, logs.poll_interval) if logs else None,
         collectors=on)
     if runtime.nvml is not None:
-        runtime = dataclasses.replace(runtime, xid=XidEvents(runtime.nvml))
+        runtime = dataclasses.replace(runtime, xid=XidEvents(runtime.nvml), kernel_xids=KernelXids(config.paths.kmsg))
     for follower in (runtime.probes, runtime.engine_pages):
         if follower is not None:
             watcher.on_change(follower.reconcile)

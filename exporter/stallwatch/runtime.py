@@ -13,6 +13,7 @@ from stallwatch.config import CollectorSettings, Config
 from stallwatch.discovery.watcher import Watcher
 from stallwatch.signals.engine_page import EnginePageManager
 from stallwatch.signals.history import History
+from stallwatch.signals.kmsg import KernelXids
 from stallwatch.signals.logs import LogManager
 from stallwatch.signals.nvml import Nvml
 from stallwatch.signals.probes import ProbeManager
@@ -35,6 +36,7 @@ class Runtime:
     watcher: Watcher
     nvml: Nvml | None = None
     xid: XidEvents | None = None  # NVML's events; with nvml
+    kernel_xids: KernelXids | None = None  # the kernel log's Xid lines, where readable; with nvml
     probes: ProbeManager | None = None  # its loops follow the watcher (`Watcher.on_change`)
     engine_pages: EnginePageManager | None = None  # likewise
     logs: LogManager | None = None
@@ -44,7 +46,8 @@ class Runtime:
     def loops(self) -> list[Background]:
         """What is started with the exporter, in order (the watcher first: its first pass finds the servers), and
         stopped at exit."""
-        parts: list[Background | None] = [self.watcher, self.nvml, self.xid, self.logs, self.history]
+        parts: list[Background | None] = [self.watcher, self.nvml, self.xid, self.kernel_xids, self.logs,
+                                           self.history]
         return [part for part in parts if part is not None]
 
     def start(self) -> None:

@@ -47,6 +47,7 @@ class Paths:
     container_logs: str = setting(absolute_path, "/var/log/containers")  # kubelet's legacy links
     docker: str = setting(absolute_path, "/var/lib/docker")  # dockerd data-root
     journal: str | None = setting(absolute_path, None)  # a journal directory (`journalctl -D`); None: the system's
+    kmsg: str = setting(absolute_path, "/dev/kmsg")  # the kernel log, for the driver's Xid lines; not under rootfs
 
 
 @dataclass(frozen=True)

@@ -68,7 +68,7 @@ class StatusPages:
             stacks=self._stacks_of(server, processes) if self.evidence else [],
             port=port_info(server.launch, self._probes(server)),
             engine=engine_info((source, figures), made, page.error if page is not None else ""),
-            gpu=gpu_section(server, runtime.nvml, runtime.xid),
+            gpu=gpu_section(server, runtime),
             log_lines=server.tail.lines() if self.evidence and server.tail is not None else [],
         )
         return StatusView(assemble(server, seen), points, self.evidence)

@@ -38,10 +38,14 @@ class PhaseInfo:
 @dataclass
 class XidInfo:
     xid: int
-    count: int
+    count: int  # NVML's events since the exporter started (0: seen only in the kernel log)
     seconds_ago: float  # since the last one
     kind: str  # fault | application | information (signals/xid.py's XIDS)
     meaning: str
+    pid: int | None = None  # from the kernel log's last line of it, where readable
+    process: str = ""  # that process's name in the line
+    role: str = ""  # its role in this server's tree; "" when it is not in it
+    detail: str = ""  # the rest of that line
 
 
 @dataclass

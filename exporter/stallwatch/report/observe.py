@@ -27,10 +27,11 @@ from stallwatch.report.model import (
     XidInfo,
 )
 from stallwatch.report.verdict import verdict
-from stallwatch.signals.devices import server_memory
-from stallwatch.signals.nvml import Nvml
+from stallwatch.runtime import Runtime
+from stallwatch.signals.devices import Device, server_memory
+from stallwatch.signals.kmsg import KernelXid
 from stallwatch.signals.probes import Result
-from stallwatch.signals.xid import XIDS, XidClass, XidEvents
+from stallwatch.signals.xid import XIDS, XidClass, XidCount
 
 
 class UnknownServer(LookupError):
@@ -81,27 +82,43 @@ def phase_info(server: Server) -> PhaseInfo:
         shards_loaded=snap.shards_loaded, shards_expected=snap.shards_expected)
 
 
-def gpu_section(server: Server, nvml: Nvml | None, xid: XidEvents | None = None) -> GpuSection:
-    """The GPUs now, each with what the server holds on it, its power and recovery action and the Xids it reported;
-    None `nvml`: the gpu collector is off (and NVML is left alone)."""
-    if nvml is None:
+def gpu_section(server: Server, runtime: Runtime) -> GpuSection:
+    """The GPUs now, each with what the server holds on it, its power and recovery action and the Xids it reported
+    (NVML's events, with the kernel log's last line of each where it is readable); no NVML in the runtime: the gpu
+    collector is off (and NVML is left alone)."""
+    if runtime.nvml is None:
         return GpuSection(False, "the gpu collector is disabled")
-    found = nvml.read_devices()
+    found = runtime.nvml.read_devices()
     if not found.up:
         return GpuSection(False, found.error)
     held = {device.index: memory for device, memory in server_memory(server, found.devices)}
-    now = time.time()
-    xids: dict[str, list[XidInfo]] = {}
-    for count in xid.counts() if xid is not None else []:
-        known = XIDS.get(int(count.xid), XidClass("information", "information or cleanup"))
-        xids.setdefault(count.uuid, []).append(
-            XidInfo(int(count.xid), count.count, max(0.0, now - count.last), known.kind, known.meaning))
+    events = {(c.uuid, int(c.xid)): c for c in (runtime.xid.counts() if runtime.xid is not None else [])}
+    lines = {(line.pci, line.xid): line
+             for line in (runtime.kernel_xids.latest() if runtime.kernel_xids is not None else [])}
+    roles = {s.pid: s.role for s in server.tree()}
     gpus = [GpuInfo(d.index, d.uuid, d.name, d.used, d.total, held.get(d.index), d.utilization, d.busy_ratio,
                     d.busy_window, d.health.power_watts, d.health.power_limit_watts,
                     None if d.health.recovery_action is None else int(d.health.recovery_action),
-                    sorted(xids.get(d.uuid, []), key=lambda x: x.seconds_ago)) for d in found.devices]
+                    _xids(d, events, lines, roles)) for d in found.devices]
     errors = [f"GPU {f.index} did not answer: {type(f.error).__name__}" for f in found.failed]
     return GpuSection(True, "; ".join(errors), gpus)
+
+
+def _xids(device: Device, events: Mapping[tuple[str, int], XidCount], lines: Mapping[tuple[str, int], KernelXid],
+          roles: Mapping[int, str]) -> list[XidInfo]:
+    """The Xids of one GPU, most recent first: NVML's count of each, and the kernel log's last line of it."""
+    now = time.time()
+    numbers = {x for uuid, x in events if uuid == device.uuid} | {x for pci, x in lines if pci == device.pci}
+    out = []
+    for number in numbers:
+        event, line = events.get((device.uuid, number)), lines.get((device.pci or "", number))
+        last = max(event.last if event else float("-inf"), line.at if line else float("-inf"))
+        known = XIDS.get(number, XidClass("information", "information or cleanup"))
+        out.append(XidInfo(number, event.count if event else 0, max(0.0, now - last), known.kind, known.meaning,
+                           line.pid if line else None, line.process if line else "",
+                           roles.get(line.pid, "") if line and line.pid is not None else "",
+                           line.detail if line else ""))
+    return sorted(out, key=lambda x: x.seconds_ago)
 
 
 def processes_since(server: Server, earlier: Mapping[tuple[int, float], float], procfs: str) -> list[ProcessInfo]:

@@ -35,9 +35,10 @@ def gather(runtime: Runtime, name: str | None = None, window: float = 2.0) -> Re
     logs, nvml = required(runtime.logs, "logs"), required(runtime.nvml, "gpu")
     runtime.watcher.refresh()
     servers = select(runtime.watcher, name)
-    nvml.start()  # its readers read while the window runs, and an Xid in the window is seen
-    if runtime.xid is not None:
-        runtime.xid.start()
+    nvml.start()  # its readers read while the window runs
+    xids = [part for part in (runtime.xid, runtime.kernel_xids) if part is not None]  # an Xid in the window is seen,
+    for part in xids:  # and the kernel log's from before
+        part.start()
     try:
         logs.poll()
         before = {s.name: _Before(s.tree(), _figures(s, runtime)) for s in servers}
@@ -47,8 +48,8 @@ def gather(runtime: Runtime, name: str | None = None, window: float = 2.0) -> Re
         reports = [assemble(s, _observe(s, runtime, before[s.name], window)) for s in servers]
     finally:
         logs.close()
-        if runtime.xid is not None:
-            runtime.xid.stop()
+        for part in xids:
+            part.stop()
         nvml.stop()
     return Report(__version__, time.time(), reports)
 
@@ -78,5 +79,5 @@ def _observe(server: Server, runtime: Runtime, before: _Before, window: float) -
     fresh = figures is not None and then is not None and then_source == source and figures.at > then.at
     made = figures.tokens - then.tokens if fresh and figures is not None and then is not None else None
     return Observation(window, processes, stacks(processes), port_info(server.launch, probes),
-                       engine_info((source, figures), made, error), gpu_section(server, runtime.nvml, runtime.xid),
+                       engine_info((source, figures), made, error), gpu_section(server, runtime),
                        server.tail.lines() if server.tail else [])

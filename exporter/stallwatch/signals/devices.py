@@ -60,6 +60,12 @@ class Device:
     busy_ratio: float | None = None  # mean utilization over NVML's buffer of recent samples (None: no samples)
     busy_window: float = 0.0  # the span of those samples, seconds
     health: Health = field(default_factory=Health)
+    pci: str | None = None  # "0000:cb:00", the kernel log's form of its PCI address (`pci_address`)
+
+
+def pci_address(domain: int, bus: int, device: int) -> str:
+    """A GPU's PCI address as the driver's kernel log lines write it (`NVRM: Xid (PCI:0000:cb:00): ...`)."""
+    return f"{domain:04x}:{bus:02x}:{device:02x}"
 
 
 @dataclass(frozen=True)
@@ -154,10 +160,15 @@ def read_device(index: int, integrator: Callable[[str], BusyIntegrator]) -> Devi
             busy_ratio=ratio,
             busy_window=window,
             health=read_health(handle),
+            pci=_optional(lambda: _pci(pynvml.nvmlDeviceGetPciInfo(handle))),
         )
     except pynvml.NVMLError as exc:
         exc.uuid = uuid  # type: ignore[attr-defined]
         raise
+
+
+def _pci(info: Any) -> str:
+    return pci_address(int(info.domain), int(info.bus), int(info.device))
 
 
 def read_health(handle: object) -> Health:

@@ -12,7 +12,8 @@ test can lose a GPU or load one mid-run:
 
 Health fields, each NotSupported while its key is absent: `power` and `power_limit` (W), `energy` (J when the fake
 loaded; it grows by `power` per second), `recovery_action`, `ecc_uncorrected`, `remapped_rows` ([correctable,
-uncorrectable, pending, failure]), `pcie_replays`, `clock_reasons` (the event-reason bitmask).
+uncorrectable, pending, failure]), `pcie_replays`, `clock_reasons` (the event-reason bitmask). `pci`: its PCI
+address as the kernel log writes it ("0000:3b:00"; default bus 0x18 + its index).
 Events: `"events": [{"id": 1, "gpu": 2, "type": "xid", "data": 79}]` at the top level, each delivered once to every
 event set that registered its GPU (`type`: xid, unavailable, recovery).
 
@@ -230,6 +231,16 @@ def nvmlDeviceGetFieldValues(handle: _Handle, field_ids: list[int]):
         else:
             value.nvmlReturn = _real.NVML_ERROR_NOT_SUPPORTED
     return values
+
+
+def nvmlDeviceGetPciInfo(handle: _Handle):
+    """`pci` ("0000:3b:00", the kernel log's form), else bus 0x18 + the GPU's index."""
+    gpu = _gpu(handle, "pci")
+    domain, bus, device = (int(part, 16) for part in gpu.get("pci", f"0000:{0x18 + handle.index:02x}:00").split(":"))
+    info = _real.nvmlPciInfo_t()
+    info.domain, info.bus, info.device = domain, bus, device
+    info.busId = f"{domain:08X}:{bus:02X}:{device:02X}.0".encode()
+    return info
 
 
 def nvmlDeviceGetIndex(handle: _Handle) -> int:

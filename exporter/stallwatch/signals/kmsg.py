@@ -1,0 +1,149 @@
+"""The driver's Xid lines from the kernel log (`/dev/kmsg`), where it is readable. A line names the process and
+says more than NVML's event does:
+
+    NVRM: Xid (PCI:0000:cb:00): 109, pid=1797828, name=pt_main_thread, Ch 00000008, errorString CTX SWITCH TIMEOUT
+
+(leptonai/gpud PR #46; the format is the driver's `nvErrorLog_va`, NVIDIA/open-gpu-kernel-modules). Never required:
+pods have no /dev/kmsg, and with `kernel.dmesg_restrict=1` reading it needs CAP_SYSLOG. The counts and the alerts
+come from NVML's events (`signals/xid.py`); these lines add who and what to the reports, and the Xids from before
+the exporter started (the kernel's buffer is read from its start).
+
+/dev/kmsg hands out one record per read, `PRIORITY,SEQUENCE,MICROSECONDS,FLAGS;MESSAGE`, with the time since boot;
+a read after records were overwritten fails with EPIPE and the next one goes on. A plain file (`dmesg` output, a
+test's) is read line by line as it grows; a line without that prefix counts as read now.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import os
+import re
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from stallwatch.loops import run_every
+from stallwatch.text import display
+
+log = logging.getLogger(__name__)
+
+READ_BYTES = 16384  # more than one /dev/kmsg record (a read with a smaller buffer fails with EINVAL)
+LINE_LIMIT = 65536  # a partial line longer than this (a binary file, no newline) is dropped
+TEXT_LIMIT = 200  # of the line's rest, kept for the reports
+KEPT = 256  # (PCI address, Xid) pairs kept, the oldest dropped first
+RECORD = re.compile(rb"^\d+,\d+,(\d+),[^;]*;(.*)$")
+# `krcReportXid` (open-gpu-kernel-modules src/nvidia/src/kernel/gpu/rc/kernel_rc.c): `NVRM: Xid (PCI:%04x:%02x:%02x):
+# %d, pid=%s, name=%s, %s`, without `pid=, name=,` outside a process's context; on MIG ` GPU-I:%02u GPU-CI:%02u` follow
+# the address.
+XID_LINE = re.compile(rb"NVRM: Xid \(PCI:([0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2})(?: GPU-C?I:\d+)*\): "
+                      rb"(\d{1,5})(?:, (.*))?$")
+CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+PROCESS = re.compile(rb"pid=([^,]*), name=([^,]*)(?:, (.*))?$")  # pid='<unknown>' where the driver had none
+
+
+@dataclass(frozen=True)
+class KernelXid:
+    pci: str  # "0000:cb:00", as `devices.pci_address` writes NVML's
+    xid: int
+    pid: int | None
+    process: str  # the process's name as the kernel had it: untrusted, printable
+    detail: str  # the rest of the line (channel, error string): untrusted, printable, at most TEXT_LIMIT
+    at: float  # wall-clock time of the line
+    count: int = 1  # lines for this PCI address and Xid seen so far
+
+
+def parse(record: bytes, boot: float) -> KernelXid | None:
+    """One record or line of the kernel log as an Xid line, or None; `boot` is the wall time of boot, for the
+    record's microseconds since boot."""
+    at = time.time()
+    found = RECORD.match(record)
+    if found is not None:
+        at, record = boot + int(found.group(1)) / 1e6, found.group(2)
+    line = XID_LINE.search(record)
+    if line is None:
+        return None
+    rest = line.group(3) or b""
+    process = PROCESS.match(rest)
+    pid, name, detail = process.groups(b"") if process is not None else (b"", b"", rest)
+    return KernelXid(pci=line.group(1).decode().lower(), xid=int(line.group(2)),
+                     pid=int(pid) if pid.isdigit() and len(pid) < 11 else None, process=_text(name)[:64],
+                     detail=_text(detail)[:TEXT_LIMIT], at=at)
+
+
+def _text(raw: bytes) -> str:
+    """Another process's bytes (its name is its own to choose) without control characters (a terminal's escapes)."""
+    return CONTROL.sub("?", display(raw.decode("utf-8", "replace"))).strip()
+
+
+class KernelXids:
+    """The last Xid line per GPU (PCI address) and Xid, from one loop reading the kernel log every `interval`."""
+
+    def __init__(self, path: str, interval: float = 1.0, boot: Callable[[], float] | None = None) -> None:
+        self.path, self.interval = path, interval
+        self._boot = boot or (lambda: time.time() - time.monotonic())  # kmsg's clock is the monotonic one
+        self._lock = threading.Lock()
+        self._latest: dict[tuple[str, int], KernelXid] = {}
+        self._fd: int | None = None
+        self._partial = b""
+        self._error = ""
+        self._stop = threading.Event()
+
+    def latest(self) -> list[KernelXid]:
+        with self._lock:
+            return list(self._latest.values())
+
+    def start(self) -> None:
+        run_every(self.interval, self._read, "kernel log Xid lines", self._stop)
+
+    def stop(self) -> None:
+        self._stop.set()  # the loop closes the log after its read in progress
+
+    def _read(self) -> None:
+        """Everything the log has now; the error (no such file, no permission) logged once until it clears."""
+        try:
+            if self._fd is None:
+                self._fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
+            while not self._stop.is_set():
+                try:
+                    data = os.read(self._fd, READ_BYTES)
+                except BrokenPipeError:  # records overwritten before they were read: go on from the next
+                    continue
+                except BlockingIOError:
+                    break
+                if not data:
+                    break
+                self._lines(data)
+        except OSError as exc:
+            if self._error != str(exc):
+                log.info("no Xid lines from %s (%s); NVML's events still count them", self.path, exc)
+                self._error = str(exc)
+            self._close()
+            return
+        self._error = ""
+        if self._stop.is_set():
+            self._close()
+
+    def _close(self) -> None:
+        if self._fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+        self._fd, self._partial = None, b""
+
+    def _lines(self, data: bytes) -> None:
+        *lines, self._partial = (self._partial + data).split(b"\n")
+        if len(self._partial) > LINE_LIMIT:
+            self._partial = b""
+        boot = self._boot()
+        for line in lines:
+            found = parse(line, boot)
+            if found is None:
+                continue
+            key = (found.pci, found.xid)
+            with self._lock:
+                seen = self._latest.pop(key, None)  # re-inserted: the dict's order is the lines' order
+                self._latest[key] = dataclasses.replace(found, count=(seen.count if seen else 0) + 1)
+                while len(self._latest) > KEPT:
+                    self._latest.pop(next(iter(self._latest)))
