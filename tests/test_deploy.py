@@ -112,7 +112,7 @@ def test_systemd_unit_verifies(tmp_path: Path) -> None:
     problems = [line for line in (result.stdout + result.stderr).splitlines() if "stallwatch.service" in line]
     assert result.returncode == 0 and not problems, result.stdout + result.stderr
     for directive in ("DynamicUser=yes", "ProtectSystem=strict", "NoNewPrivileges=yes",
-                      "CapabilityBoundingSet=CAP_SYS_PTRACE CAP_DAC_READ_SEARCH",
+                      "CapabilityBoundingSet=CAP_SYS_PTRACE CAP_DAC_READ_SEARCH CAP_SYSLOG",
                       "SupplementaryGroups=systemd-journal"):
         assert directive in unit
 
