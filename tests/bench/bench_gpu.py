@@ -1,7 +1,8 @@
 """NVML off the scrape path: the cost of the per-GPU readers and of the event thread on 8 GPUs, and the scrape while
 one GPU's calls block.
 
-Setup: 8 fake GPUs (tests/support/fakes/pynvml.py) with every health field, no inference server. First the idle
+Setup: 8 fake GPUs (tests/support/fakes/pynvml.py) with every health field, no inference server. First the
+readers and the event thread in this process, each thread's CPU from its own clock; then the idle
 exporter's CPU and threads (the NVML survey, one reader per GPU reading its memory, utilization and health fields
 every `gpu.sample_interval`, and the thread waiting on NVML's events a second at a time), and `/metrics` latency; then
 GPU 3's calls block for 45 s each (an Xid 119 GSP RPC timeout, NVIDIA/open-gpu-kernel-modules#446) and the same
@@ -13,8 +14,11 @@ latency is measured while it blocks.
 from __future__ import annotations
 
 import argparse
+import os
+import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -22,10 +26,40 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from support.harness import Exporter, gpus
+from support.harness import Exporter, FakeNvml, gpus
 from support.load import latency_quantiles, timed_get
+from support.paths import FAKES
 
 BLOCK_SECONDS = 45.0
+
+
+def per_thread_cpu(tmp: Path, nvml: list[dict], seconds: float) -> None:
+    """The same readers and event thread in this process, each thread's CPU from its own clock."""
+    assert "pynvml" not in sys.modules, "the fake must be first on the path before pynvml is imported"
+    FakeNvml(tmp / "in-process.json", {"gpus": nvml})
+    os.environ["STALLWATCH_FAKE_NVML"] = str(tmp / "in-process.json")
+    sys.path.insert(0, str(FAKES))
+    from stallwatch.signals.nvml import Nvml
+    from stallwatch.signals.xid import XidEvents
+
+    readers = Nvml(1.0, 5.0)
+    events = XidEvents(readers)
+    readers.start()
+    events.start()
+    try:
+        readers.settle(10.0)
+        clocks = {t.name: time.pthread_getcpuclockid(t.ident) for t in threading.enumerate()
+                  if t.name.startswith("NVML") and t.ident is not None}
+        before = {name: time.clock_gettime(clock) for name, clock in clocks.items()}
+        time.sleep(seconds)
+        used = {name: 100 * (time.clock_gettime(clock) - before[name]) / seconds for name, clock in clocks.items()}
+    finally:
+        events.stop()
+        readers.stop()
+    gpu = [share for name, share in used.items() if name.startswith("NVML GPU")]
+    print(f"per thread, {seconds:g} s: NVML events {used['NVML events']:.3f}% of one core, NVML survey "
+          f"{used['NVML survey']:.3f}%, each of the {len(gpu)} GPU readers {statistics.mean(gpu):.3f}% on average "
+          f"(max {max(gpu):.3f}%)")
 
 
 def main() -> None:
@@ -37,6 +71,7 @@ def main() -> None:
     nvml = gpus(8, util=40, power=310, power_limit=700, energy=1e6, recovery_action=0, ecc_uncorrected=0,
                 remapped_rows=[0, 0, 0, 0], pcie_replays=0, clock_reasons=0)
     exporter = Exporter(tmp, nvml={"gpus": nvml}, config="gpu: {sample_interval: 1s, timeout: 5s}\n")
+    per_thread_cpu(tmp, nvml, args.idle_seconds)
     try:
         exporter.wait_for(lambda s: len(s.samples("stallwatch_gpu_busy_seconds_total")) == 8, timeout=30)
         url, proc = exporter.url + "/metrics", psutil.Process(exporter.proc.pid)

@@ -184,14 +184,16 @@ class LogFile(_Log):
             os.close(self._fd)
             self._fd = None
         fd = open_log(self.source)
-        self.mark_up()  # before the replay: a scrape never sees what the file says with the file called unreadable
+        # Size and up before the replay: a scrape never sees what the file says without the file's own figures.
+        size = self.size = os.fstat(fd).st_size
+        self.mark_up()
         self._fd, self._ident, self._offset = fd, (st.st_dev, st.st_ino), 0
         self._partial.clear()
         self._overlong = False
         self._decoder.reset()
         if self._recover:
             self._recover = False
-            self._replay_tail(fd, os.fstat(fd).st_size)
+            self._replay_tail(fd, size)
             self.last_growth = st.st_mtime
             self.interpreter.recovered(st.st_mtime)
 
