@@ -193,6 +193,14 @@ def test_gpu_health_fields_xid_events_and_memory_nobody_watched(exporter, engine
     assert "FAILED: GPU 0 (GPU-" in page and "the driver asks for: GPU reset" in page
 
 
+def test_event_set_rebuilt_after_an_error(exporter) -> None:
+    """A wait that fails with an error other than its timeout: the event set is freed and built again (after a
+    second's backoff), and the Xid that comes next is counted."""
+    e = exporter(nvml={"gpus": gpus(2), "wait_errors": 1, "events": [{"id": 1, "gpu": 1, "type": "xid", "data": 48}]})
+    e.wait_for(lambda s: s.value("stallwatch_gpu_xid_errors_total", gpu="1", xid="48") == 1, what="the Xid after it")
+    assert "NVML events stopped (NVMLError_Unknown" in e.log.read_text()
+
+
 def test_kernel_log_xid_lines_name_the_process(exporter, engine, tmp_path: Path) -> None:
     """Where the kernel log is readable, its Xid lines (from before the exporter started too) add the process and
     the driver's words to the status page: the server's own rank, and a process that is not the server's."""

@@ -14,8 +14,9 @@ Health fields, each NotSupported while its key is absent: `power` and `power_lim
 loaded; it grows by `power` per second), `recovery_action`, `ecc_uncorrected`, `remapped_rows` ([correctable,
 uncorrectable, pending, failure]), `pcie_replays`, `clock_reasons` (the event-reason bitmask). `pci`: its PCI
 address as the kernel log writes it ("0000:3b:00"; default bus 0x18 + its index).
-Events: `"events": [{"id": 1, "gpu": 2, "type": "xid", "data": 79}]` at the top level, each delivered once to every
-event set that registered its GPU (`type`: xid, unavailable, recovery).
+Events: `"events": [{"id": 1, "gpu": 2, "type": "xid", "data": 79}]` at the top level, each delivered once, to an
+event set that registered its GPU (`type`: xid, unavailable, recovery); `"wait_errors": N`: the first N waits fail
+with NVML_ERROR_UNKNOWN.
 
 `block`: seconds every call on that GPU takes before it answers, as when its firmware stops answering (Xid 119,
 a GSP RPC timeout: each call waits ~45 s, NVIDIA/open-gpu-kernel-modules#446).
@@ -253,7 +254,10 @@ def nvmlDeviceGetIndex(handle: _Handle) -> int:
 class _EventSet:
     def __init__(self) -> None:
         self.masks: dict[int, int] = {}  # GPU index -> registered event types
-        self.delivered: set[object] = set()
+
+
+_delivered: set[object] = set()  # event ids: a set made after one was delivered does not get it again, as NVML's
+_wait_failures = 0  # of `wait_errors`, so far
 
 
 class _EventData:
@@ -283,12 +287,16 @@ def nvmlDeviceRegisterEvents(handle: _Handle, event_types: int, event_set: _Even
 
 
 def nvmlEventSetWait_v2(event_set: _EventSet, timeoutms: int) -> _EventData:
+    global _wait_failures
+    if _wait_failures < int(_scenario().get("wait_errors", 0)):
+        _wait_failures += 1
+        _fail(_real.NVML_ERROR_UNKNOWN)
     deadline = time.monotonic() + timeoutms / 1000
     while True:
         for event in _scenario().get("events", []):
             key, gpu, kind = event.get("id"), int(event["gpu"]), _EVENT_TYPES[event.get("type", "xid")]
-            if key not in event_set.delivered and event_set.masks.get(gpu, 0) & kind:
-                event_set.delivered.add(key)
+            if key not in _delivered and event_set.masks.get(gpu, 0) & kind:
+                _delivered.add(key)
                 return _EventData(_Handle(gpu), kind, int(event.get("data", 0)))
         if time.monotonic() >= deadline:
             _fail(_real.NVML_ERROR_TIMEOUT)
