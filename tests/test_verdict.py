@@ -28,7 +28,7 @@ from stallwatch.report.model import (
     XidInfo,
 )
 from stallwatch.report.verdict import verdict
-from stallwatch.signals.xid import XIDS, XidClass
+from stallwatch.signals.xid import xid_class
 from support.paths import ROOT
 
 CASES = yaml.safe_load((ROOT / "rules" / "tests" / "verdict.cases.yml").read_text())
@@ -49,7 +49,7 @@ def _gpus(case: dict[str, Any]) -> GpuSection:
 
 
 def _xid(seen: dict[str, Any]) -> XidInfo:
-    known = XIDS.get(seen["xid"], XidClass("information", "information or cleanup"))
+    known = xid_class(seen["xid"])
     return XidInfo(seen["xid"], 1, seen["ago"], known.kind, known.meaning)
 
 

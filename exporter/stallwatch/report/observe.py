@@ -31,7 +31,7 @@ from stallwatch.runtime import Runtime
 from stallwatch.signals.devices import Device, server_memory
 from stallwatch.signals.kmsg import KernelXid
 from stallwatch.signals.probes import Result
-from stallwatch.signals.xid import XIDS, XidClass, XidCount
+from stallwatch.signals.xid import XidCount, xid_class
 
 
 class UnknownServer(LookupError):
@@ -113,7 +113,7 @@ def _xids(device: Device, events: Mapping[tuple[str, int], XidCount], lines: Map
     for number in numbers:
         event, line = events.get((device.uuid, number)), lines.get((device.pci or "", number))
         last = max(event.last if event else float("-inf"), line.at if line else float("-inf"))
-        known = XIDS.get(number, XidClass("information", "information or cleanup"))
+        known = xid_class(number)
         out.append(XidInfo(number, event.count if event else 0, max(0.0, now - last), known.kind, known.meaning,
                            line.pid if line else None, line.process if line else "",
                            roles.get(line.pid, "") if line and line.pid is not None else "",

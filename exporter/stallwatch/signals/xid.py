@@ -59,6 +59,13 @@ XIDS = {
     140: XidClass("fault", "an uncorrectable ECC error: reset the GPU"),
     154: XidClass("fault", "the driver's recovery action changed"),
 }
+UNLISTED = XidClass("information", "information or cleanup")
+
+
+def xid_class(xid: int) -> XidClass:
+    return XIDS.get(xid, UNLISTED)
+
+
 RECENT_SECONDS = {"fault": 900.0, "application": 600.0}  # how long after it an Xid still alerts
 # nvmlGpuRecoveryAction_t: what the driver asks for; 3 (drain P2P) and 5 (recover the IMEX domain) are not a fault
 # of this GPU.
