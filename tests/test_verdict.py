@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from stallwatch.report.model import (
+    DeploymentInfo,
     EngineInfo,
     Frame,
     GpuInfo,
@@ -76,9 +77,14 @@ def report(case: dict[str, Any]) -> ServerReport:
     probes = [ProbeInfo("http://127.0.0.1:30000/health", *PROBES[p], 0.01) for p in case.get("probes", [])]
     processes, stacks = _stacks(case)
     listening = case.get("listening", True)
+    member = case.get("deployment")  # {role, node_rank, nnodes, ranks, ranks_started}: a node of a deployment
+    deployment = None if member is None else DeploymentInfo(
+        "10.0.0.1:20000", member["role"], member.get("node_rank", 1), member.get("nnodes", 2), member.get("ranks", 8),
+        member.get("ranks_started", 8))
     return ServerReport(
         name="kimi",
-        identity=Identity("sglang", "moonshotai/Kimi-K2-Instruct", "8", "host", "", "", "", "", 100, 30000),
+        identity=Identity("sglang", "moonshotai/Kimi-K2-Instruct", "8", "host", "", "", "", "", 100, 30000,
+                          deployment),
         phase=PhaseInfo(case["phase"], time.time() - seconds, seconds, quiet, [case["phase"]], "", 64, 64),
         gpu=_gpus(case), window_seconds=WINDOW, processes=processes, stacks=stacks,
         port=PortInfo(30000, listening, ["127.0.0.1"] if listening else [], probes), engine_figures=_engine(case),

@@ -101,13 +101,15 @@ class Scrape:
 class Exporter:
     def __init__(self, tmp: Path, config: str | None = None, nvml: dict | None = None,
                  args: tuple[str, ...] = (), env: dict[str, str] | None = None, listen_host: str = "127.0.0.1",
-                 ready: bool = True) -> None:
+                 ready: bool = True, prefix: list[str] | None = None, url_host: str = "127.0.0.1") -> None:
         """`listen_host` "" listens on every address (dual-stack); `ready=False` does not wait for `/-/healthy`
-        to answer 200 (TLS or basic auth: the test waits its own way)."""
+        to answer 200 (TLS or basic auth: the test waits its own way). `prefix` runs it elsewhere (a node's
+        namespaces, `cluster.Node.prefix`), reached at `url_host`."""
         self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"http://{url_host}:{self.port}"
         self.nvml = FakeNvml(tmp / "nvml.json", nvml if nvml is not None else {"missing": True})
-        cmd = [sys.executable, "-m", "stallwatch", f"--web.listen-address={listen_host}:{self.port}", *args]
+        cmd = [*(prefix or []), sys.executable, "-m", "stallwatch", f"--web.listen-address={listen_host}:{self.port}",
+               *args]
         if config is not None:
             path = tmp / "stallwatch.yml"
             path.write_text(config)
@@ -165,10 +167,13 @@ class Engine:
                  port: int | None = None, burn_child_seconds: float = 0.0, load_http: str = "refuse",
                  line_delay: float = 0.0, log_name: str | None = None, prefix: list[str] | None = None,
                  args: tuple[str, ...] = (), work: dict | None = None, on_sigterm: str | None = None,
-                 supervise: dict | None = None) -> None:
+                 supervise: dict | None = None, children: list[str] | None = None, http: str = "api",
+                 env: dict[str, str] | None = None) -> None:
         """`work`: the engine's own view once serving (requests, throughput, its `/metrics`; see enginesim).
         `on_sigterm`: what it logs when asked to stop. `supervise`: run it under tests/sim/bin/restart-always
-        with these settings (`restart_sec`, `max_restarts`), restarted each time it exits."""
+        with these settings (`restart_sec`, `max_restarts`), restarted each time it exits. `children` (titles) and
+        `http` (`api`, `dummy`, `none`): a worker node's processes and port (see enginesim). `env`: more of its
+        environment (a LeaderWorkerSet's `LWS_*`)."""
         self.port = port or free_port()
         self.log = tmp / (log_name or f"{engine}-{self.port}.log")
         stem = tmp / f"{engine}-{self.port}"
@@ -182,9 +187,9 @@ class Engine:
             extra["on_sigterm"] = str(stop_path)
         scenario.write_text(json.dumps({
             "transcript": str(transcript_path), "final": final, "burn_child_seconds": burn_child_seconds,
-            "load_http": load_http, "line_delay": line_delay, **extra,
+            "load_http": load_http, "line_delay": line_delay, "children": children, "http": http, **extra,
         }))
-        env = dict(os.environ, ENGINESIM_SCENARIO=str(scenario),
+        env = dict(os.environ, **(env or {}), ENGINESIM_SCENARIO=str(scenario),
                    PYTHONPATH=f"{SIM_PKGS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
         # `prefix` runs it elsewhere, e.g. `ip netns exec NAME` (which execs: the pid stays the engine's).
         # `args` come first: the exporter reads a flag's first value (`--port ²`), the simulator's argparse the

@@ -110,6 +110,62 @@ def sglang_healthy(tp: int = 8) -> str:
     return sglang_until_shards(tp) + sglang_after_shards(tp)
 
 
+def sglang_head_waiting(tp: int = 8) -> str:
+    """Node 0 of a deployment whose other node never joins (sglang #2658, #3467, #7478): its launch, then every
+    rank waits in torch's store at the rendezvous and nothing more is logged (for 30 minutes)."""
+    out = sglang_until_shards(tp)
+    return out[:out.index("Init parallel ends.")].rsplit("\n", 1)[0] + "\n"
+
+
+def sglang_worker_node(ranks: range) -> str:
+    """A node with rank >= 1 holding the global TP ranks `ranks`: the strings of the real node-1 log
+    (`tests/fixtures/logs/sglang-worker-node.log`) for each local rank, then the dummy health server; nothing after,
+    even under load (only TP rank 0 logs batches)."""
+    def each(clock: str, message: str) -> str:
+        return "".join(_sg(clock, message, rank) for rank in ranks)
+    return (_sg("15:54:03", f"server_args=ServerArgs(model_path='moonshotai/Kimi-K2-Instruct', host='0.0.0.0', "
+                            f"port=30000, tp_size={2 * len(ranks)}, dist_init_addr='198.18.0.2:20000', nnodes=2, "
+                            "node_rank=1)")
+            + each("15:54:13", "Init torch distributed begin.")
+            + f"[Gloo] Rank {ranks[0]} is connected to {2 * len(ranks) - 1} peer ranks. Expected number of connected "
+              f"peer ranks is : {2 * len(ranks) - 1}\n"
+            + each("15:54:28", "CustomAllreduce is disabled because this process group spans across nodes.")
+            + each("15:54:28", "Init torch distributed ends. elapsed=13.84 s, mem usage=1.23 GB")
+            + each("15:54:29", "Load weight begin. avail mem=93.17 GB")
+            + each("15:54:31", "Load weight end. elapsed=2.04 s, type=DeepseekV3ForCausalLM, avail mem=16.65 GB, "
+                               "mem usage=76.52 GB.")
+            + each("15:54:33", "KV Cache is allocated. #tokens: 1642588, K size: 3.33 GB, V size: 3.33 GB")
+            + each("15:54:33", "Capture cuda graph begin. This can take up to several minutes. avail mem=3.70 GB")
+            + each("15:55:34", "Capture piecewise CUDA graph end. Time elapsed: 39.87 s. mem usage=0.92 GB. "
+                               "avail mem=2.46 GB.")
+            + _sg("15:55:35", "Dummy health check server started in background thread at 0.0.0.0:30000"))
+
+
+def vllm_headless_dp(rank: int, head: str) -> str:
+    """vLLM 0.33 `--headless --data-parallel-start-rank N`: no API server; its engine core and worker load, size the
+    KV cache, capture graphs and wait for the head's DP coordinator (`entrypoints/cli/serve.py:240`,
+    `v1/engine/core.py`); nothing is logged while it serves (the stats line is the front-end's)."""
+    core = f"EngineCore_DP{rank}"
+    out = f"INFO 11-20 09:00:01 [serve.py:240] Launching 1 data parallel engine(s) in headless mode, with head node " \
+          f"address {head}.\n"
+    out += _vl(core, 7101, "09:00:09", "core.py:140",
+               "Initializing a V1 LLM engine (v0.33.0) with config: model='meta-llama/Llama-3.1-70B-Instruct'")
+    out += _vl(core, 7101, "09:00:16", "gpu_model_runner.py:4979",
+               "Starting to load model meta-llama/Llama-3.1-70B-Instruct...")
+    out += _tqdm("Loading safetensors checkpoint shards", 30, "1.77it/s", newline_each=True)
+    out += _vl(core, 7101, "09:01:02", "default_loader.py:507", "Loading weights took 45.12 seconds")
+    out += _vl(core, 7101, "09:01:03", "gpu_model_runner.py:5089",
+               "Model loading took 65.7 GiB memory and 46.331203 seconds")
+    out += _vl(core, 7101, "09:01:40", "gpu_worker.py:773", "Available KV cache memory: 6.21 GiB")
+    out += _vl(core, 7101, "09:01:40", "kv_cache_utils.py:1148",
+               "GPU KV cache size: 40,688 tokens, Maximum concurrency for 131,072 tokens per request: 0.31x")
+    out += _vl(core, 7101, "09:02:12", "gpu_model_runner.py:6517", "Graph capturing finished in 31 secs, took 0.74 GiB")
+    out += _vl(core, 7101, "09:02:13", "core.py:413",
+               "init engine (profile, create kv cache, warmup model) took 57.33 s (compilation: 11.02 s)")
+    out += _vl(core, 7101, "09:02:13", "core.py:1285", "Waiting for READY message from DP Coordinator...")
+    return out
+
+
 def sglang_graph_crash(tp: int = 8) -> str:
     """CUDA graph capture fails with OOM; the scheduler dies and the launcher gives up."""
     out = sglang_until_shards(tp)

@@ -17,6 +17,7 @@ from prometheus_client.registry import Collector
 
 from stallwatch.collectors import (
     build_info,
+    deployment,
     engine_metrics,
     gpu,
     listening,
@@ -39,6 +40,7 @@ REGISTRY: tuple[Registration, ...] = (
     gpu.COLLECTOR,
     process.COLLECTOR,
     server_info.COLLECTOR,
+    deployment.COLLECTOR,
     listening.COLLECTOR,
     probe.COLLECTOR,
     engine_metrics.COLLECTOR,

@@ -125,6 +125,20 @@ CATALOG: dict[str, Family] = {
     "server_listening": Family(
         "gauge", "1 when the engine's port has a listening socket in the server's own network namespace.",
         ("server", "port")),
+    # Deployments over several nodes (only their members)
+    "deployment_member_info": Family(
+        "gauge", "The server is one node of a multi-node deployment: its key (the same on every node), role (head or "
+        "worker), node rank and node count; always 1.", ("server", "deployment", "role", "node_rank", "nnodes")),
+    "deployment_node_expected": Family(
+        "gauge", "1 for each node rank (0 .. nnodes-1) the server's deployment expects.",
+        ("server", "deployment", "node_rank")),
+    "probe_authoritative": Family(
+        "gauge", "1 when the server's own health probe judges it (a deployment's head), 0 on a worker node whose "
+        "/health is a constant or absent.", ("server",)),
+    "deployment_member_ranks": Family(
+        "gauge", "Rank processes (schedulers, workers) of the member's tree that live now.", ("server",)),
+    "deployment_member_ranks_started": Family(
+        "gauge", "The most rank processes the member's tree has had in this launch.", ("server",)),
     # Thresholds
     "stall_gpu_memory_threshold_bytes": Family(
         "gauge", "GPU memory above which the server counts as loaded (config stall.gpu_memory_bytes).",

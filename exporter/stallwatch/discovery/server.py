@@ -18,6 +18,7 @@ import psutil
 
 from stallwatch.config import Config, Probe, ServerSpec
 from stallwatch.discovery import netns
+from stallwatch.discovery.deployment import Member, membership, read_environ
 from stallwatch.discovery.processes import Candidate, CpuLedger, ProcessKey, ProcSample, sample
 from stallwatch.discovery.workload import LogSource, Workload, log_sources
 from stallwatch.engines import ENGINES
@@ -55,6 +56,7 @@ class Launch:
     listening: tuple[str, ...] | None = None  # addresses with a LISTEN socket on its port; None: unknown
     probes: tuple[ProbeTarget, ...] = ()
     log_sources: tuple[LogSource, ...] = ()
+    member: Member | None = None  # its place in a deployment over several nodes; None on one node
     ledger: CpuLedger = field(default_factory=CpuLedger, compare=False)  # per-role CPU of this launch's tree
 
     @property
@@ -67,6 +69,8 @@ class Server:
         self.name = name
         self.spec = spec
         self.engine: Engine = ENGINES[spec.engine].with_rules(spec.rules)
+        self._worker_engine = ENGINES[spec.engine].as_worker().with_rules(spec.rules)
+        self._ranks_started = 0  # the most rank processes this launch's tree has had
         self._config = config
         self._lock = threading.Lock()
         self._tree: tuple[float, list[ProcSample]] = (float("-inf"), [])
@@ -91,17 +95,20 @@ class Server:
             except psutil.Error:
                 return False
             argv = candidate.argv
+            member = membership(self.engine, argv, read_environ(self._config.paths.procfs, candidate.pid))
             launch = Launch(
                 key=key, process=process, argv=argv, workload=workload, port=self.engine.listen_address(argv)[1],
                 model=printable(self.engine.model(argv)), tensor_parallel=self.engine.tensor_parallel(argv),
                 probes=self.launch.probes,
                 log_sources=self.launch.log_sources if self.spec.logs else log_sources(
-                    self._config.paths, candidate.pid, workload))
+                    self._config.paths, candidate.pid, workload), member=member)
             launch = dataclasses.replace(launch, listening=self._read_listening(launch))
             if self.spec.probes is None:
                 launch = dataclasses.replace(launch, probes=self._derived_probes(launch))
             self._tree = (float("-inf"), [])
+            self._ranks_started = 0
             self.launch = launch
+        self.interpreter.use(self._worker_engine if member is not None and member.worker else self.engine)
         self.interpreter.process_started(candidate.create_time)
         return True
 
@@ -185,6 +192,18 @@ class Server:
             samples = self._read_tree(self.launch)
             self._tree = (now, samples)
             return samples
+
+    def ranks(self) -> tuple[int, int] | None:
+        """Rank processes (schedulers, workers) of the tree that live now, and the most this launch has had: a node
+        of a deployment that lost one keeps its parent (and on SGLang its dummy `/health`) alive. None when the
+        engine names no rank processes."""
+        spec = self.engine.multinode
+        if spec is None:
+            return None
+        live = sum(1 for s in self.tree() if s.state != "Z" and spec.rank_role.search(s.role))
+        with self._lock:
+            self._ranks_started = max(self._ranks_started, live)
+            return live, self._ranks_started
 
     def _read_tree(self, launch: Launch) -> list[ProcSample]:
         main = launch.process

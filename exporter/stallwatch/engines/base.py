@@ -113,6 +113,51 @@ class StatsLine:
 
 
 @dataclass(frozen=True)
+class Rendezvous:
+    """An address every node of one multi-node deployment is given on its command line: `host_flags` name a
+    `host:port` value (`--dist-init-addr`), or a host whose port is in `port_flags` (`--master-addr` and
+    `--master-port`), defaulting to `default_port`."""
+
+    host_flags: tuple[str, ...]
+    port_flags: tuple[str, ...] = ()
+    default_port: str = ""
+
+
+@dataclass(frozen=True)
+class MultiNode:
+    """How one node of a deployment over several says so on its command line: the node count and this node's rank
+    (`nnodes_flags`, `node_rank_flags`), or data-parallel ranks (`dp_*_flags`: the deployment's ranks, this node's
+    and its first, whose quotients are the nodes and this node's rank), the rendezvous address that joins the
+    nodes, a flag that makes any node a worker (`--headless`), the processes that hold its ranks (by role), and
+    the lines that mean something else on a worker than on the head (`worker_rules`, ahead of the engine's)."""
+
+    rendezvous: tuple[Rendezvous, ...]
+    rank_role: re.Pattern[str]
+    nnodes_flags: tuple[str, ...] = ()
+    node_rank_flags: tuple[str, ...] = ()
+    dp_size_flags: tuple[str, ...] = ()
+    dp_local_flags: tuple[str, ...] = ()
+    dp_start_flags: tuple[str, ...] = ()
+    headless_flags: tuple[str, ...] = ()
+    worker_rules: tuple[Rule, ...] = ()
+
+    def number(self, argv: Sequence[str], flags: Sequence[str]) -> int | None:
+        return whole_number(flag_value(argv, flags))
+
+    def headless(self, argv: Sequence[str]) -> bool:
+        return any(arg in self.headless_flags for arg in argv)
+
+    def address(self, argv: Sequence[str]) -> str:
+        """The first rendezvous address given (`host:port`), "" when none is."""
+        for way in self.rendezvous:
+            host = flag_value(argv, way.host_flags)
+            if host:
+                port = flag_value(argv, way.port_flags) or way.default_port
+                return f"{host}:{port}" if way.port_flags else host
+        return ""
+
+
+@dataclass(frozen=True)
 class Engine:
     name: str
     # Regex on the main process's full command line (argv joined by spaces); None: never auto-discovered.
@@ -138,6 +183,7 @@ class Engine:
     # Lines an engine keeps printing while stuck (a wait loop's notice): not progress, so a log of nothing
     # else does not move `log_last_progress` (see `heartbeats()`).
     heartbeats: re.Pattern[bytes] | None = None
+    multinode: MultiNode | None = None  # None: the engine never spans nodes
 
     def all_rules(self) -> tuple[Rule, ...]:
         return self.rules + COMMON_RULES
@@ -146,16 +192,20 @@ class Engine:
         """A copy whose configured rules take precedence over the built-in ones."""
         return replace(self, rules=tuple(extra_rules) + self.rules)
 
+    def as_worker(self) -> Engine:
+        """The engine as a worker node of a multi-node deployment reads its log: its worker rules first."""
+        return self if self.multinode is None else replace(self, rules=self.multinode.worker_rules + self.rules)
+
     def listen_address(self, argv: Sequence[str]) -> tuple[str, int | None]:
         """Host and port that the server listens on, from its argv or the engine defaults."""
-        host = _flag_value(argv, self.host_flags) or self.default_host
-        port_text = _flag_value(argv, self.port_flags)
+        host = flag_value(argv, self.host_flags) or self.default_host
+        port_text = flag_value(argv, self.port_flags)
         port = int(port_text) if port_text and port_text.isascii() and port_text.isdigit() else self.default_port
         return host, port if port is not None and 0 < port < 65536 else self.default_port
 
     def model(self, argv: Sequence[str]) -> str:
         """The model the server was started with, from its flags or `<command> <model>`; "" when unknown."""
-        found = _flag_value(argv, self.model_flags)
+        found = flag_value(argv, self.model_flags)
         if found is None and self.model_command in argv:
             rest = argv[argv.index(self.model_command) + 1:]
             found = rest[0] if rest and not rest[0].startswith("-") else None
@@ -163,8 +213,13 @@ class Engine:
 
     def tensor_parallel(self, argv: Sequence[str]) -> str:
         """Tensor-parallel size as given on the command line; "" when not given or not a number."""
-        found = _flag_value(argv, self.tp_flags) or ""
+        found = flag_value(argv, self.tp_flags) or ""
         return found if found.isascii() and found.isdigit() else ""
+
+
+def whole_number(text: str | None) -> int | None:
+    """A small count or rank as another process wrote it (a flag, an environment value); None if it is none."""
+    return int(text) if text and text.isascii() and text.isdigit() and len(text) < 7 else None
 
 
 def heartbeats(*regexes: str) -> re.Pattern[bytes]:
@@ -172,7 +227,7 @@ def heartbeats(*regexes: str) -> re.Pattern[bytes]:
     return re.compile("|".join(f"(?:{r})" for r in regexes).encode())
 
 
-def _flag_value(argv: Sequence[str], flags: Sequence[str]) -> str | None:
+def flag_value(argv: Sequence[str], flags: Sequence[str]) -> str | None:
     for i, arg in enumerate(argv):
         for flag in flags:
             if arg == flag and i + 1 < len(argv):

@@ -4,7 +4,7 @@
 
 import re
 
-from stallwatch.engines.base import CHECKPOINT_SHARDS, Engine, MetricsSpec, StatsLine, rule
+from stallwatch.engines.base import CHECKPOINT_SHARDS, Engine, MetricsSpec, MultiNode, Rendezvous, StatsLine, rule
 
 ENGINE = Engine(
     name="sglang",
@@ -33,6 +33,12 @@ ENGINE = Engine(
             rb"[^\n]*?gen throughput \(token/s\): (?P<throughput>[\d.]+),[^\n]*?#queue-req: (?P<waiting>\d+)"),
             max_interval=10.0),
     ),
+    # `--nnodes N --node-rank R --dist-init-addr H:P` (`srt/arg_groups/fields/parallel.py`, alias
+    # `--nccl-init-addr`): node R >= 1 runs only schedulers (`sglang::scheduler_TP8`.. with global TP ranks, no
+    # detokenizer: `srt/entrypoints/engine.py`), one per local GPU, and a dummy `/health` that answers 200 always.
+    multinode=MultiNode(
+        rendezvous=(Rendezvous(("--dist-init-addr", "--nccl-init-addr")),),
+        rank_role=re.compile(r"^scheduler"), nnodes_flags=("--nnodes",), node_rank_flags=("--node-rank",)),
     rules=(
         # The launch banner, once per launch from the main process (`srt/entrypoints/engine.py`
         # `_launch_subprocesses`); a speculative draft model (EAGLE, EAGLE3, MTP/NEXTN, DFLASH) repeats the
@@ -49,6 +55,11 @@ ENGINE = Engine(
         rule(r"max_total_num_tokens=\d+|Engine startup timings", phase="warming_up"),
         rule(r"Started server process|Application startup complete\.|Uvicorn running on", phase="warming_up"),
         rule(r"The server is fired up and ready to roll!", phase="serving"),
+        # A node with rank >= 1 is ready when its schedulers are: it then starts its dummy health server (`srt/utils/
+        # common.py`; before PR #12297 "scheduled on existing loop", whose port stayed refused). Its schedulers log
+        # no batch lines (only attention-TP rank 0 does), so it is silent while it serves.
+        rule(r"Dummy health check server (?:started in background thread|scheduled on existing loop) at",
+             phase="serving"),
         rule(r"\] (?:Prefill|Decode) batch[,.]", phase="serving"),
         # A stop: `SIGTERM received. signum=None frame=None. Draining requests and shutting down...` (its handler in
         # `srt/managers/tokenizer_manager.py`, set at the first request), `Signal SIGTERM received while health check
@@ -56,6 +67,8 @@ ENGINE = Engine(
         # -15.`, `srt/utils/watchdog.py`) when the whole group got it (systemd's stop). The `SIGQUIT received` that
         # follows is the shutdown's, not a crash.
         rule(r"SIGTERM received(?:\. .*Draining requests| while (?:health check failed|force shutdown))", stop=True),
+        # A node with rank >= 1 asked to stop waits for rank 0's shutdown broadcast (`srt/entrypoints/engine.py`).
+        rule(r"SIGTERM received on node_rank \d+; waiting for the rank-0 ShutdownReq", stop=True),
         rule(r"crashed with exit code -15\.|scheduler died during initialization \(exit code: -15\)", stop=True),
         rule(r"(?:Scheduler|DetokenizerManager|TokenizerManager) hit an exception", phase="failed", event="fatal"),
         rule(r"Rank \d+ scheduler died during initialization(?! \(exit code: -15\))|Rank \d+ scheduler is dead\.",
@@ -63,6 +76,8 @@ ENGINE = Engine(
         rule(r"Initialization failed\.", phase="failed", event="fatal"),
         rule(r"Capture cuda graph failed", phase="failed", event="fatal"),
         rule(r"crashed with exit code (?!-15\.)-?\d+\. Triggering SIGQUIT", phase="failed", event="fatal"),
+        # The parent of a node with rank >= 1 joins its schedulers one by one (`engine.py`): one that exited.
+        rule(r"Scheduler or DataParallelController \d+ terminated with (?!-15\b)-?\d+", phase="failed", event="fatal"),
         rule(r"Received sigquit from a child process|SIGQUIT received\.", phase="failed", event="fatal"),
         rule(r"Scheduler watchdog timeout", phase="failed", event="fatal"),
         rule(r"Health check failed\. Server couldn't get a response", event="stall_warning"),

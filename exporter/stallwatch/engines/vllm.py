@@ -4,7 +4,16 @@
 
 import re
 
-from stallwatch.engines.base import CHECKPOINT_SHARDS, Engine, MetricsSpec, StatsLine, heartbeats, rule
+from stallwatch.engines.base import (
+    CHECKPOINT_SHARDS,
+    Engine,
+    MetricsSpec,
+    MultiNode,
+    Rendezvous,
+    StatsLine,
+    heartbeats,
+    rule,
+)
 
 ENGINE = Engine(
     name="vllm",
@@ -36,10 +45,29 @@ ENGINE = Engine(
     # 10 s (`v1/engine/utils.py:1449`, `Waiting for %d local, %d remote core engine proc(s) to start.`).
     heartbeats=heartbeats(r"No available shared memory broadcast block found in \d+ seconds",
                           r"Waiting for [\d, a-z]+ core engine proc\(s\) to start"),
+    # Over several nodes (`config/parallel.py`, `entrypoints/cli/serve.py`): multi-node TP/PP with `--nnodes`,
+    # `--node-rank`, `--master-addr` (port 29501), or data parallel with `--data-parallel-address` (rpc port
+    # 29550), `-size`, `-size-local`, `-start-rank`; the nodes other than the head run `--headless`: no API server,
+    # no port, no `/metrics`, nothing logged while serving. Their ranks: `VLLM::Worker_TP8`.., `VLLM::EngineCore_DP1`
+    # and `VLLM::Worker_DP1_TP0`.. (`v1/executor/multiproc_executor.py`, `v1/engine/core.py`).
+    multinode=MultiNode(
+        rendezvous=(Rendezvous(("--data-parallel-address", "-dpa"), ("--data-parallel-rpc-port", "-dpp"), "29550"),
+                    Rendezvous(("--master-addr",), ("--master-port",), "29501")),
+        rank_role=re.compile(r"^(?:EngineCore|Worker)"),
+        nnodes_flags=("--nnodes", "-n"), node_rank_flags=("--node-rank", "-r"),
+        dp_size_flags=("--data-parallel-size", "-dp"), dp_local_flags=("--data-parallel-size-local", "-dpl"),
+        dp_start_flags=("--data-parallel-start-rank", "-dpr"), headless_flags=("--headless",),
+        # A headless node's ready: its local rank 0's load line (`info_once(scope="local")`) for TP/PP workers,
+        # which do no more on their own; its engine core's `init engine ... took` for data parallel.
+        worker_rules=(rule(r"Model loading took|init engine \(profile, create kv cache, warmup model\) took",
+                           phase="serving"),)),
     rules=(
         # The API server's banner, once per launch (`entrypoints/common/startup.py`); each DP engine core prints its
         # own `Initializing a V1 LLM engine`.
         rule(r"vLLM (?:API )?server version|non-default args:", phase="launching", launch=True),
+        # A headless node's banner (`entrypoints/cli/serve.py`).
+        rule(r"Launching vLLM \(v[^)\n]*\) headless multiproc executor|Launching \d+ data parallel engine\(s\) in "
+             r"headless mode", phase="launching", launch=True),
         rule(r"Initializing an? (?:V1 )?LLM engine", phase="launching"),
         rule(r"Starting to load model|Loading drafter model|Using model weights format", phase="loading_weights"),
         rule(r"Loading weights took|Model loading took|Memory profiling takes", phase="allocating_memory"),

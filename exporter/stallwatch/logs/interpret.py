@@ -77,6 +77,7 @@ class LogInterpreter:
     def __init__(self, engine: Engine, wall: Callable[[], float] = time.time,
                  tap: Callable[[bytes], None] | None = None) -> None:
         """`tap` sees every block fed, ANSI codes stripped (a server's `LogTail`)."""
+        self.engine = engine
         self.matcher = Matcher(engine)
         self._wall = wall
         self._lock = threading.Lock()
@@ -197,6 +198,14 @@ class LogInterpreter:
             self.phase = phase
             self.since = self._wall()
             self._timeline = [*self._timeline[-31:], phase]
+
+    def use(self, engine: Engine) -> None:
+        """Read the next lines with `engine`'s rules (a server found to be a worker node reads its own)."""
+        if engine is self.engine:
+            return
+        matcher = Matcher(engine)
+        with self._lock:
+            self.engine, self.matcher = engine, matcher
 
     # -- other signals ---------------------------------------------------------------------------------
     def process_started(self, create_time: float) -> None:

@@ -10,6 +10,18 @@ SCHEMA = Path(__file__).parent / "diagnose.schema.json"
 
 
 @dataclass
+class DeploymentInfo:
+    """The server as one node of a multi-node deployment (`discovery/deployment.py`)."""
+
+    deployment: str
+    role: str  # head | worker
+    node_rank: int
+    nnodes: int
+    ranks: int | None  # rank processes (schedulers, workers) that live now; None when not counted
+    ranks_started: int | None  # the most this launch has had
+
+
+@dataclass
 class Identity:
     engine: str
     model: str
@@ -21,6 +33,7 @@ class Identity:
     unit: str
     pid: int | None
     port: int | None
+    deployment: DeploymentInfo | None = None  # None: a single-node server
 
 
 @dataclass

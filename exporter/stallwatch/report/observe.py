@@ -12,6 +12,7 @@ from stallwatch.discovery.server import Launch, Server
 from stallwatch.discovery.watcher import Watcher
 from stallwatch.engines.base import Figures
 from stallwatch.report.model import (
+    DeploymentInfo,
     EngineInfo,
     GpuInfo,
     GpuSection,
@@ -65,8 +66,14 @@ def assemble(server: Server, seen: Observation) -> ServerReport:
 
 def identity(launch: Launch, server: Server) -> Identity:
     w = launch.workload
+    member = launch.member
+    deployment = None
+    if member is not None:
+        ranks = server.ranks() if server.is_running() else None
+        deployment = DeploymentInfo(member.deployment, member.role, member.node_rank, member.nnodes,
+                                    *(ranks if ranks is not None else (None, None)))
     return Identity(server.engine.name, launch.model, launch.tensor_parallel, w.runtime, w.namespace, w.pod,
-                    w.container, w.unit, launch.pid, launch.port)
+                    w.container, w.unit, launch.pid, launch.port, deployment)
 
 
 def phase_info(server: Server) -> PhaseInfo:

@@ -54,10 +54,15 @@ def describe(s: ServerReport) -> list[str]:
     i, p = s.identity, s.phase
     where = ", ".join(f"{k} {v}" for k, v in (("namespace", i.namespace), ("pod", i.pod), ("container", i.container),
                                                ("unit", i.unit)) if v)
-    shards = f"{p.shards_loaded}/{p.shards_expected}" if p.shards_expected else "none seen"
+    d = i.deployment
+    shards = f"{p.shards_loaded}/{p.shards_expected}" if p.shards_expected else (
+        "none on a worker node (its head shows them)" if d is not None and d.role == "worker" else "none seen")
+    member = [] if d is None else [
+        f"deployment {d.deployment}: node {d.node_rank} of {d.nnodes} ({d.role})"
+        + (f", {d.ranks} of {d.ranks_started} rank processes live" if d.ranks is not None else "")]
     return [
         f"engine {i.engine}, model {i.model or '?'}, TP {i.tensor_parallel or '?'}, runtime {i.runtime}"
-        + (f" ({where})" if where else "") + f", main pid {i.pid}, port {i.port}",
+        + (f" ({where})" if where else "") + f", main pid {i.pid}, port {i.port}", *member,
         f"phase {p.phase} for {duration(p.seconds)}; last log progress {duration(p.quiet_seconds)} ago",
         f"timeline: {' -> '.join(p.timeline)}  ({p.timeline_note})",
         f"weight shards: {shards}",

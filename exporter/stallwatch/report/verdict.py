@@ -20,7 +20,7 @@ STARTUP = ("launching", "loading_weights", "allocating_memory", "capturing_graph
 def verdict(report: ServerReport, memory_threshold: float, log_stale: float) -> Verdict:
     """The alert rules' logic on one look at the server."""
     phase = report.phase
-    for check in (_gpu_fault, _failed, _down):
+    for check in (_gpu_fault, _failed, _down, _lost_ranks):
         found = check(report)
         if found is not None:
             return found
@@ -32,6 +32,8 @@ def verdict(report: ServerReport, memory_threshold: float, log_stale: float) -> 
     quiet = phase.quiet_seconds > log_stale
     probes = [p.success for p in report.port.probes if p.success is not None]
     not_serving = phase.phase != "serving" or (bool(probes) and not all(probes)) or report.port.listening is False
+    # A worker node's silence, closed port, constant or absent probe and idle GPUs say nothing: its head judges.
+    not_serving = not_serving and not _worker(report)
     if held and max(held) > memory_threshold and idle and quiet and not_serving:
         return Verdict("stalled", f"loaded but idle for {duration(phase.quiet_seconds)} in {phase.phase}; "
                                   + _evidence(report))
@@ -87,9 +89,31 @@ def _down(report: ServerReport) -> Verdict | None:
     return Verdict("down", f"main process gone for {duration(report.phase.seconds)}")
 
 
+def _worker(report: ServerReport) -> bool:
+    member = report.identity.deployment
+    return member is not None and member.role == "worker"
+
+
+def _lost_ranks(report: ServerReport) -> Verdict | None:
+    """InferenceDeploymentMemberLost as one worker sees it: fewer rank processes than its launch had."""
+    member = report.identity.deployment
+    if not _worker(report) or member is None or member.ranks is None or not member.ranks_started:
+        return None
+    if member.ranks >= member.ranks_started:
+        return None
+    return Verdict("stalled", f"worker node {member.node_rank} of deployment {member.deployment} has "
+                              f"{member.ranks} of its {member.ranks_started} rank processes left while its parent "
+                              "lives; the deployment cannot serve, whatever this node's /health says")
+
+
 def _serving(report: ServerReport) -> Verdict | None:
     if report.phase.phase != "serving":
         return None
+    member = report.identity.deployment
+    if _worker(report) and member is not None:
+        return Verdict("healthy", f"worker node {member.node_rank} of {member.nnodes} of deployment "
+                                  f"{member.deployment}, ready for {duration(report.phase.seconds)} with "
+                                  f"{member.ranks} rank processes; its head's probe and figures judge the deployment")
     failing = [p for p in report.port.probes if p.success is False]
     if failing:
         return Verdict("stalled", f"serving, but the health probe fails ({failing[0].reason}); " + _evidence(report))

@@ -12,7 +12,13 @@ tests/sim/pkgs on PYTHONPATH), it spawns children titled like the engine's own (
 
 The scenario is JSON in the file named by ENGINESIM_SCENARIO:
     {"transcript": "path", "line_delay": 0.0, "final": "stall", "load_http": "refuse" | "503",
-     "burn_child_seconds": 0.0, "work": {...}, "on_sigterm": "path"}
+     "burn_child_seconds": 0.0, "work": {...}, "on_sigterm": "path", "children": [titles], "http": "api"}
+
+`children`: the children's titles instead of the engine's single-node set (a worker node of a multi-node
+deployment: SGLang's `sglang::scheduler_TP8`.. without a detokenizer, vLLM's `VLLM::EngineCore_DP1`).
+`http` once serving: `api` the engine's own port; `dummy` SGLang's node_rank >= 1 health server (`srt/utils/
+common.py`: 200 on `/health`, `/health_generate` and `/ping` whatever happens, FastAPI's 404 elsewhere); `none` no
+port at all (a vLLM `--headless` node).
 
 `on_sigterm`: what the engine logs when it is asked to stop (SGLang's `SIGTERM received ... Draining requests`),
 written before it exits; without it a SIGTERM ends it silently.
@@ -178,11 +184,19 @@ def _sglang_stats(clock: str, rank: int, running: int, waiting: int, throughput:
 STATS_LINES = {"vllm": _vllm_stats, "sglang": _sglang_stats}
 
 
+DUMMY_ROUTES = ("/health", "/health_generate", "/ping")
+
+
 class _Health(BaseHTTPRequestHandler):
     status = 200
     work: Work | None = None
+    dummy = False
 
     def do_GET(self) -> None:
+        if self.dummy and self.path.split("?")[0] not in DUMMY_ROUTES:
+            self.status = 404
+            self._send(b'{"detail":"Not Found"}', "application/json")
+            return
         if self.path.startswith("/metrics") and self.work is not None:
             self._metrics(self.work)
             return
@@ -210,8 +224,8 @@ class _Health(BaseHTTPRequestHandler):
         pass
 
 
-def _http(host: str, port: int, status: int, work: Work | None = None) -> ThreadingHTTPServer:
-    handler = type("Handler", (_Health,), {"status": status, "work": work})
+def _http(host: str, port: int, status: int, work: Work | None = None, dummy: bool = False) -> ThreadingHTTPServer:
+    handler = type("Handler", (_Health,), {"status": status, "work": work, "dummy": dummy})
     server = ThreadingHTTPServer((host, port), handler)
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -239,7 +253,7 @@ def main(engine: str) -> None:
 
     context = multiprocessing.get_context("spawn")
     children = [context.Process(target=child, args=(title, os.getpid(), 0.0), daemon=True)
-                for title in CHILD_TITLES[engine](args.tp)]
+                for title in scenario.get("children") or CHILD_TITLES[engine](args.tp)]
     burn = float(scenario.get("burn_child_seconds", 0.0))
     if burn:
         children.append(context.Process(target=child, args=(f"{engine}::short_lived", os.getpid(), burn)))
@@ -263,7 +277,9 @@ def main(engine: str) -> None:
         os._exit(1)
     if final == "serve":
         work = Work(engine, scenario["work"]) if "work" in scenario else None
-        _http(args.host, args.port, 200, work)
+        http = scenario.get("http", "api")
+        if http != "none":
+            _http(args.host, args.port, 200, work, dummy=http == "dummy")
         while work is not None:
             sys.stdout.write(work.stats_lines())
             sys.stdout.flush()

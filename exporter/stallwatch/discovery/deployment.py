@@ -1,0 +1,91 @@
+"""Which multi-node deployment a server belongs to, and as what, from its process alone (no config): its role
+(`head` or `worker`), node rank, node count and a deployment key that every node of one deployment shares.
+
+A server is a member when its command line says so (`engines/*`: `MultiNode`; a node count above 1, data-parallel
+ranks over several nodes, `--headless`). Its key is the LeaderWorkerSet leader address that the LWS pod webhook
+injects into every container of a group (kubernetes-sigs/lws `pkg/utils/pod/pod_utils.go`: `LWS_LEADER_ADDRESS`,
+with `LWS_GROUP_SIZE` and `LWS_WORKER_INDEX`), else the engine's rendezvous address from its command line. The
+environment alone makes no member: a vLLM head that runs its ranks as Ray actors is one server under an LWS of
+two pods, and its workers run only `ray start`. The environment is another user's input: only the LWS keys are
+taken, from a bounded read, each value bounded, the key cut to address characters.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from stallwatch.engines.base import Engine, whole_number
+
+LWS_KEYS = ("LWS_LEADER_ADDRESS", "LWS_GROUP_SIZE", "LWS_WORKER_INDEX")
+MAX_ENVIRON_BYTES = 256 * 1024  # where the keys must be found: a container's environment is a few KiB
+MAX_KEY_CHARS = 260  # a DNS name (253) and a port
+# A key is an address (a DNS name, an IPv4 or bracketed IPv6 address, a port): anything else another process wrote
+# there becomes `_`, so that it can be quoted in a PromQL selector of an alert template.
+KEY_OUTSIDE = re.compile(r"[^A-Za-z0-9.:_\-\[\]/]")
+MAX_NODES = 256  # node counts above it are not believed (a deployment's node_expected series per node rank)
+
+
+@dataclass(frozen=True)
+class Member:
+    """One server as a node of a multi-node deployment."""
+
+    deployment: str
+    role: str  # head | worker
+    node_rank: int
+    nnodes: int
+
+    @property
+    def worker(self) -> bool:
+        return self.role == "worker"
+
+
+def read_environ(procfs: str, pid: int, keys: Sequence[str] = LWS_KEYS) -> dict[str, str]:
+    """The values of `keys` in the environment process `pid` was started with; {} when unreadable."""
+    try:
+        fd = os.open(f"{procfs}/{int(pid)}/environ", os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return {}
+    try:
+        data = os.read(fd, MAX_ENVIRON_BYTES)
+    except OSError:
+        return {}
+    finally:
+        os.close(fd)
+    wanted = {key.encode() + b"=": key for key in keys}
+    found: dict[str, str] = {}
+    for entry in data.split(b"\0"):
+        name, sep, _ = entry.partition(b"=")
+        key = wanted.get(name + sep)
+        if key is not None and key not in found:
+            found[key] = entry[len(name) + 1:][:MAX_KEY_CHARS].decode("ascii", "replace")
+    return found
+
+
+def membership(engine: Engine, argv: Sequence[str], environ: Mapping[str, str]) -> Member | None:
+    """The server's place in a multi-node deployment; None for a server on one node."""
+    spec = engine.multinode
+    nnodes = node_rank = None
+    headless = False
+    key = ""
+    if spec is not None:
+        nnodes, node_rank = spec.number(argv, spec.nnodes_flags), spec.number(argv, spec.node_rank_flags)
+        local = spec.number(argv, spec.dp_local_flags)
+        size = spec.number(argv, spec.dp_size_flags)
+        if (nnodes is None or nnodes <= 1) and local and size and size > local:
+            nnodes = -(-size // local)
+            node_rank = (spec.number(argv, spec.dp_start_flags) or 0) // local
+        headless = spec.headless(argv)
+        key = spec.address(argv)
+    if nnodes is None or not 1 < nnodes <= MAX_NODES:
+        return None
+    leader = environ.get("LWS_LEADER_ADDRESS", "")
+    if leader and (whole_number(environ.get("LWS_GROUP_SIZE")) or 0) > 1:
+        key = leader
+        index = whole_number(environ.get("LWS_WORKER_INDEX"))
+        node_rank = index if node_rank is None else node_rank
+    node_rank = node_rank if node_rank is not None and node_rank < nnodes else 0
+    role = "worker" if headless or node_rank > 0 else "head"
+    return Member(KEY_OUTSIDE.sub("_", key[:MAX_KEY_CHARS]), role, node_rank, nnodes)
