@@ -14,6 +14,7 @@ PHASES = ["stopped", "launching", "loading_weights", "allocating_memory", "captu
 PHASE_COLOURS = ["text", "blue", "purple", "orange", "yellow", "light-green", "green", "red"]
 SEL = 'instance=~"$instance", server=~"$server"'
 INST = 'instance=~"$instance"'
+DEPL = 'deployment=~"$deployment"'
 DS = {"type": "prometheus", "uid": "${datasource}"}
 
 # One number per phase so a state timeline shows one row per server.
@@ -55,7 +56,7 @@ def panels() -> list[dict[str, Any]]:
     return [
         timeline,
         panel("Firing stallwatch alerts", "table", 0, 6, 12, 5, [target(
-            f'ALERTS{{alertstate="firing", alertname=~"InferenceServer.*|Stallwatch.*", {INST}}}', "",
+            f'ALERTS{{alertstate="firing", alertname=~"Inference(?:Server|Deployment).*|Stallwatch.*", {INST}}}', "",
             instant=True)], description="Alerts from rules/stallwatch.rules.yml firing now."),
         servers,
         panel("GPU memory held by the server", "timeseries", 0, 11, 12, 8, [
@@ -105,6 +106,7 @@ def panels() -> list[dict[str, Any]]:
             target(f"stallwatch_nvml_up{{{INST}}}", "{{instance}} nvml", "B"),
         ], description="1 when each collector succeeded; nvml 0 means no GPU metrics."),
         *engine_panels(59),
+        *deployment_panels(67),
     ]
 
 
@@ -158,6 +160,73 @@ def engine_panels(y: int) -> list[dict[str, Any]]:
     ]
 
 
+DEPLOYMENT_ROW = "Deployments"
+# A series of a server, with its deployment's labels: `on` the server's own labels, so any family of the server joins.
+MEMBER = "* on (job, instance, server) group_left ({labels}) stallwatch_deployment_member_info{{{selector}}}"
+
+
+def member(labels: str, role: str = "") -> str:
+    """The `* on ... group_left` that gives a server's series its deployment's `labels` (only members: a server on
+    one node has no member info and drops out); `role` keeps only the head or the workers."""
+    return MEMBER.format(labels=labels, selector=f'{DEPL}, role="{role}"' if role else DEPL)
+
+
+def deployment_panels(y: int) -> list[dict[str, Any]]:
+    """Deployments over several nodes (rules: stallwatch:deployment_*, InferenceDeployment*), filtered by the
+    `deployment` variable alone: a deployment spans instances, and its head judges it. Empty on single-node servers."""
+    row = {"type": "row", "title": DEPLOYMENT_ROW, "collapsed": False, "panels": [],
+           "gridPos": {"x": 0, "y": y, "w": 24, "h": 1}}
+    members = panel("Deployment members", "table", 0, y + 1, 12, 8, [target(
+        f"(stallwatch_deployment_member_info{{{DEPL}}}\n"
+        f"  * on (job, instance, server) group_left (phase) (stallwatch_startup_phase == 1))\n"
+        f"or on (job, instance, server) stallwatch_deployment_member_info{{{DEPL}}}", "", instant=True)],
+                    description="Each node of each deployment as its exporter reports it: node rank, role (the head "
+                                "judges the deployment; workers are never paged for a silent log, a closed port or "
+                                "idle GPUs), instance, server and its phase now. A node rank that no exporter "
+                                "reports is not here: see missing nodes. Each row links to the server's status "
+                                "page.",
+                    transformations=[{"id": "organize", "options": {
+                        "excludeByName": {"Time": True, "Value": True, "__name__": True, "job": True},
+                        "indexByName": {name: i for i, name in enumerate(
+                            ["deployment", "node_rank", "nnodes", "role", "instance", "server", "phase"])},
+                        "renameByName": {}}}],
+                    options={"sortBy": [{"displayName": "deployment"}, {"displayName": "node_rank"}]})
+    members["fieldConfig"]["defaults"]["links"] = [{"title": "Status page: verdict, processes, GPUs, last hour",
+                                                    "url": STATUS_URL, "targetBlank": True}]
+    return [
+        row,
+        members,
+        panel("Deployment missing nodes", "timeseries", 12, y + 1, 12, 8, [target(
+            f"stallwatch:deployment_missing_nodes:count{{{DEPL}}}", "{{deployment}}")], unit="short",
+              description="Node ranks the deployment expects (0 .. nnodes-1) that no exporter reports: a node "
+                          "that never joined, its server not started, or its exporter not scraped by this "
+                          "Prometheus (InferenceDeploymentIncomplete)."),
+        panel("Deployment head: health probe and process", "timeseries", 0, y + 9, 8, 8, [
+            target(f"stallwatch_probe_success\n{member('deployment', 'head')}",
+                   "{{deployment}} head {{server}} {{url}}"),
+            target(f"stallwatch:deployment_head_up:max{{{DEPL}}}", "{{deployment}} head up", "B"),
+        ], description="The head's probe judges the whole deployment (SGLang's head /health generates through "
+                       "every node); 1 while the head's process runs. A worker's /health is a constant or absent.",
+              options={"legend": {"showLegend": True}}),
+        panel("Deployment head: generated tokens/s", "timeseries", 8, y + 9, 8, 8, [
+            target(f"sum by (deployment, source) (\n  rate(stallwatch_engine_generated_tokens_total[$__rate_interval])"
+                   f"\n  {member('deployment', 'head')}\n)", "{{deployment}} tokens/s ({{source}})"),
+            target(f"sum by (deployment, source) (\n  stallwatch:engine_requests:sum\n  {member('deployment', 'head')}"
+                   f"\n)", "{{deployment}} requests held ({{source}})", "B"),
+        ], unit="short", description="The head's engine figures are the deployment's (workers report none). 0 "
+                                     "tokens/s while requests are held is the post-ready hang (vLLM's head /health "
+                                     "stays 200 then)."),
+        panel("Deployment rank processes: live and started", "timeseries", 16, y + 9, 8, 8, [
+            target(f"stallwatch_deployment_member_ranks\n{member('deployment, node_rank, role')}",
+                   "{{deployment}} node {{node_rank}} ({{role}}) live"),
+            target(f"stallwatch_deployment_member_ranks_started\n{member('deployment, node_rank, role')}",
+                   "{{deployment}} node {{node_rank}} ({{role}}) started", "B"),
+        ], unit="short", description="Rank processes (schedulers, workers) of each member now, against the most "
+                                     "of this launch. Live under started on a worker whose head runs: a lost rank "
+                                     "(InferenceDeploymentMemberLost); its parent and SGLang's dummy /health live on."),
+    ]
+
+
 def dashboard() -> dict[str, Any]:
     items = panels()
     for i, item in enumerate(items, start=1):
@@ -184,6 +253,11 @@ def dashboard() -> dict[str, Any]:
              "query": {"query": 'label_values(stallwatch_server_up{instance=~"$instance"}, server)',
                        "refId": "server"},
              "definition": 'label_values(stallwatch_server_up{instance=~"$instance"}, server)', "refresh": 2,
+             "includeAll": True, "multi": True, "allValue": ".*", "current": {}, "hide": 0},
+            {"name": "deployment", "label": "Deployment", "type": "query", "datasource": DS,
+             "query": {"query": "label_values(stallwatch_deployment_member_info, deployment)",
+                       "refId": "deployment"},
+             "definition": "label_values(stallwatch_deployment_member_info, deployment)", "refresh": 2,
              "includeAll": True, "multi": True, "allValue": ".*", "current": {}, "hide": 0},
         ]},
         "panels": items,
