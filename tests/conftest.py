@@ -17,6 +17,7 @@ import pytest
 
 from support.harness import Engine, Exporter
 from support.sandbox import require_root
+from support.stack import Daemon
 
 PROCESS_FIXTURES = {"exporter", "engine", "rig", "pki"}  # `rig`: test_load's exporter; `pki`: openssl
 
@@ -47,6 +48,15 @@ def engine(tmp_path: Path) -> Iterator[Callable[..., Engine]]:
     yield start
     for e in started:
         e.stop()
+
+
+@pytest.fixture
+def daemons() -> Iterator[list[Daemon]]:
+    """Prometheus and Alertmanager processes (support.stack), stopped after the test."""
+    started: list[Daemon] = []
+    yield started
+    for d in reversed(started):
+        d.stop()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

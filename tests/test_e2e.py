@@ -6,15 +6,12 @@ and serves; the post-ready hang pages within 5 (scaled) minutes of its last toke
 from __future__ import annotations
 
 import contextlib
-import json
 import re
 import subprocess
 import threading
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import psutil
@@ -22,103 +19,22 @@ import pytest
 import yaml
 
 from support import transcripts as t
+from support.dashboard import DEPLOYMENT_ROW
 from support.dashboard import queries as dashboard_queries
-from support.harness import free_port, gpus, poll, require
+from support.harness import gpus, poll, require
 from support.paths import ROOT
 from support.sandbox import Pod
+from support.stack import (
+    PIPELINE,
+    Daemon,
+    Webhook,
+    alertmanager,
+    prometheus,
+    rule_seconds,
+    shortened_rules,
+)
 
 pytestmark = pytest.mark.e2e
-
-
-class Webhook:
-    def __init__(self) -> None:
-        self.alerts: list[dict] = []
-        received = self.alerts
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                now = time.time()
-                received.extend({**alert, "received_at": now} for alert in body["alerts"])
-                self.send_response(200)
-                self.end_headers()
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/alerts"
-
-    def find(self, alertname: str, server: str, status: str) -> dict | None:
-        return next((a for a in list(self.alerts) if a["labels"].get("alertname") == alertname
-                     and a["labels"].get("server") == server and a["status"] == status), None)
-
-
-class Daemon:
-    def __init__(self, cmd: list[str], log: Path, ready_url: str) -> None:
-        with open(log, "wb") as out:
-            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
-        self.log = log
-
-        def ready() -> bool:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{cmd[0]} exited: {log.read_text()[-3000:]}")
-            return urllib.request.urlopen(ready_url, timeout=2).status == 200
-
-        poll(ready, timeout=30, what=f"{cmd[0]} to be ready")
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-
-
-@pytest.fixture
-def daemons() -> Iterator[list[Daemon]]:
-    started: list[Daemon] = []
-    yield started
-    for d in reversed(started):
-        d.stop()
-
-
-# Time compression: one minute of the shipped rules lasts SCALE seconds here. Every `for:` and every range or
-# offset in an expression (`[5m]`, `offset 2m`) is rewritten by scaled(), so the windows keep their proportions
-# (the 5m idle window becomes 10 s, the 2m token window 4 s, a 1m `for` 2 s) and the test runs in seconds.
-# Not rewritten: numbers of seconds compared in expressions (the engine figures count while under 60 s old: the
-# exporter here refreshes them every second) and annotation templates. Thresholds such as log_stale come from
-# the exporter's config. What does not scale: discovery, scrape, evaluation (1 s each here) and Alertmanager's
-# 1 s group_wait; PIPELINE bounds what they add to a page.
-SCALE = 2.0
-PIPELINE = 5.0
-_DURATION = re.compile(r"(\d+)([smh])")
-_WINDOW = re.compile(r"\[(\d+[smh])\]|offset (\d+[smh])")
-
-
-def rule_seconds(duration: str) -> float:
-    """How many seconds a duration of the shipped rules ("5m") lasts here (10.0)."""
-    value, unit = _DURATION.fullmatch(duration).groups()  # type: ignore[union-attr]
-    return int(value) * {"s": 1, "m": 60, "h": 3600}[unit] * SCALE / 60
-
-
-def scaled(duration: str) -> str:
-    """A duration of the shipped rules ("5m") as it lasts here ("10s")."""
-    millis = round(rule_seconds(duration) * 1000)
-    return f"{millis // 1000}s" if millis % 1000 == 0 else f"{millis}ms"
-
-
-def shortened_rules(path: Path) -> None:
-    """The shipped rules, time compressed by SCALE (see above)."""
-    rules = yaml.safe_load((ROOT / "rules" / "stallwatch.rules.yml").read_text())
-    for group in rules["groups"]:
-        for rule in group["rules"]:
-            if "for" in rule:
-                rule["for"] = scaled(rule["for"])
-            rule["expr"] = _WINDOW.sub(lambda m: f"[{scaled(m.group(1))}]" if m.group(1)
-                                       else f"offset {scaled(m.group(2))}", rule["expr"])
-    path.write_text(yaml.safe_dump(rules, sort_keys=False))
 
 
 def test_shortened_rules_scale_every_window(tmp_path: Path) -> None:
@@ -136,46 +52,6 @@ def test_shortened_rules_scale_every_window(tmp_path: Path) -> None:
         [r.get("record") or r["alert"] for g in ours["groups"] for r in g["rules"]]
     result = subprocess.run([require("promtool"), "check", "rules", str(path)], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
-
-
-def alertmanager(daemons: list[Daemon], tmp_path: Path, hook: Webhook) -> int:
-    """A real Alertmanager routing every alert to `hook` at once; its port."""
-    port = free_port()
-    config = tmp_path / "alertmanager.yml"
-    config.write_text(yaml.safe_dump({
-        "route": {"receiver": "hook", "group_by": ["alertname", "server"], "group_wait": "1s",
-                  "group_interval": "1s", "repeat_interval": "1h"},
-        "receivers": [{"name": "hook", "webhook_configs": [{"url": hook.url, "send_resolved": True}]}],
-    }))
-    daemons.append(Daemon([require("prometheus-alertmanager"), f"--config.file={config}",
-                           f"--storage.path={tmp_path / 'am'}", f"--web.listen-address=127.0.0.1:{port}",
-                           "--cluster.listen-address="],
-                          tmp_path / "alertmanager.log", f"http://127.0.0.1:{port}/-/ready"))
-    return port
-
-
-def prometheus(daemons: list[Daemon], tmp_path: Path, am_port: int, exporter_port: int) -> Callable[[str], list]:
-    """A real Prometheus scraping the exporter every second with the shipped rules; its query function."""
-    port = free_port()
-    rules = tmp_path / "rules.yml"
-    shortened_rules(rules)
-    config = tmp_path / "prometheus.yml"
-    config.write_text(yaml.safe_dump({
-        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-        "rule_files": [str(rules)],
-        "alerting": {"alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{am_port}"]}]}]},
-        "scrape_configs": [{"job_name": "stallwatch",
-                            "static_configs": [{"targets": [f"127.0.0.1:{exporter_port}"]}]}],
-    }))
-    daemons.append(Daemon([require("prometheus"), f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-                           f"--web.listen-address=127.0.0.1:{port}"],
-                          tmp_path / "prometheus.log", f"http://127.0.0.1:{port}/-/ready"))
-
-    def query(expr: str) -> list[dict]:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v1/query?query=" + urllib.parse.quote(expr)) as r:
-            return json.load(r)["data"]["result"]
-
-    return query
 
 
 def pids_with_titles(main: int, prefix: str, count: int) -> list[int]:
@@ -220,7 +96,7 @@ def test_stall_pages_idle_server_does_not_and_restart_resolves(
     nvml = gpus(10, used=76e9, util=0, power=85, power_limit=700, recovery_action=0, ecc_uncorrected=0)
     e = exporter(nvml={"gpus": nvml},
                  config=EXPORTER_CONFIG.replace("log_stale: 3s", f"log_stale: {STALL_LOG_STALE:g}s"))
-    query = prometheus(daemons, tmp_path, am_port, e.port)
+    query = prometheus(daemons, tmp_path, am_port, [f"127.0.0.1:{e.port}"])
     poll(lambda: query('up{job="stallwatch"} == 1'), timeout=30, what="the first scrape")
 
     transcript = t.sglang_until_shards(tp=8, shards=64)
@@ -251,7 +127,7 @@ def test_stall_pages_idle_server_does_not_and_restart_resolves(
         return query(f'ALERTS{{server="{server}"}}')
 
     # Every dashboard panel shows data for the stall (no empty panel during an incident).
-    empty = [title for title, expr in dashboard_queries() if not query(expr)]
+    empty = [title for title, expr in dashboard_queries(exclude_rows={DEPLOYMENT_ROW}) if not query(expr)]
     assert empty == [], f"dashboard panels without data: {empty}"
 
     # The healthy server without traffic: GPU full, idle, log silent, probe OK, serving: nothing at all.
@@ -279,7 +155,7 @@ def test_post_ready_hang_pages_idle_and_busy_servers_do_not(
     hook = Webhook()
     am_port = alertmanager(daemons, tmp_path, hook)
     e = exporter(nvml={"gpus": gpus(2, used=1e9, util=0)}, config=EXPORTER_CONFIG)
-    query = prometheus(daemons, tmp_path, am_port, e.port)
+    query = prometheus(daemons, tmp_path, am_port, [f"127.0.0.1:{e.port}"])
     poll(lambda: query('up{job="stallwatch"} == 1'), timeout=30, what="the first scrape")
 
     # The hang: the counter never moves from tokens_start, so its last token is when the engine began serving,
@@ -339,7 +215,7 @@ def test_containerized_stall_pages_and_containerized_idle_server_does_not(
         for gpu, pid in enumerate(tp + core + core):
             nvml[gpu]["processes"] = [{"pid": pid, "used": 75e9}]
         e.nvml.update(gpus=nvml)
-        query = prometheus(daemons, tmp_path, am_port, e.port)
+        query = prometheus(daemons, tmp_path, am_port, [f"127.0.0.1:{e.port}"])
 
         page = poll(lambda: hook.find("InferenceServerLoadedButIdle", "llm/kimi-0", "firing"), timeout=90,
                     interval=0.5, what="the page for the pod")
@@ -371,7 +247,7 @@ def test_crash_loop_pages_within_ten_minutes(exporter, engine, daemons: list[Dae
     hook = Webhook()
     am_port = alertmanager(daemons, tmp_path, hook)
     e = exporter(nvml={"gpus": gpus(2, used=1e9, util=0)}, config=EXPORTER_CONFIG)
-    query = prometheus(daemons, tmp_path, am_port, e.port)
+    query = prometheus(daemons, tmp_path, am_port, [f"127.0.0.1:{e.port}"])
     poll(lambda: query('up{job="stallwatch"} == 1'), timeout=30, what="the first scrape")
 
     first_launch = time.time()
@@ -403,7 +279,7 @@ def test_collective_hang_pages_a_capture_that_draws_power_and_an_idle_spin_do_no
         nvml[gpu]["power"] = watts
     e = exporter(nvml={"gpus": nvml},
                  config=EXPORTER_CONFIG.replace("log_stale: 3s", f"log_stale: {STALL_LOG_STALE:g}s"))
-    query = prometheus(daemons, tmp_path, am_port, e.port)
+    query = prometheus(daemons, tmp_path, am_port, [f"127.0.0.1:{e.port}"])
     poll(lambda: query('up{job="stallwatch"} == 1'), timeout=30, what="the first scrape")
 
     transcript = t.sglang_until_capture(tp=2)
