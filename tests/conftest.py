@@ -10,6 +10,9 @@ Kinds, so that a unit run takes seconds (`pytest -m "not process"`):
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -57,6 +60,16 @@ def daemons() -> Iterator[list[Daemon]]:
     yield started
     for d in reversed(started):
         d.stop()
+
+
+@pytest.fixture
+def shared_dir() -> Iterator[Path]:
+    """A directory under /tmp that `nobody` owns (pytest's tmp_path is root's, mode 0700)."""
+    path = Path(tempfile.mkdtemp(prefix="stallwatch-hardening-"))
+    os.chown(path, 65534, 65534)
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -7,14 +7,11 @@ from __future__ import annotations
 import dataclasses
 import os
 import random
-import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -309,16 +306,6 @@ open(swapped, "w").close()
 time.sleep(3600)
 """
 NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
-
-
-@pytest.fixture
-def shared_dir() -> Iterator[Path]:
-    """A directory under /tmp that `nobody` owns (pytest's tmp_path is root's, mode 0700)."""
-    path = Path(tempfile.mkdtemp(prefix="stallwatch-hardening-"))
-    os.chown(path, 65534, 65534)
-    path.chmod(0o755)
-    yield path
-    shutil.rmtree(path)
 
 
 def test_swapped_stdout_never_exports_a_root_only_file(exporter, shared_dir: Path) -> None:

@@ -19,10 +19,12 @@ import yaml
 from stallwatch.config.reader import Reader, compose, read_text, setting
 from stallwatch.config.units import parse_size
 from stallwatch.config.values import (
+    LOOP_INTERVAL,
     absolute_path,
     boolean,
     choice,
     command_regex,
+    duration_at_least,
     gpu_index,
     log_path,
     log_regex,
@@ -53,7 +55,7 @@ class Paths:
 @dataclass(frozen=True)
 class ProbeTiming:
     timeout: float = setting(positive_duration, 5.0)
-    interval: float = setting(positive_duration, 15.0)
+    interval: float = setting(LOOP_INTERVAL, 15.0)
 
 
 @dataclass(frozen=True)
@@ -78,7 +80,7 @@ class Defaults:
 @dataclass(frozen=True)
 class Discovery:
     enabled: bool = setting(boolean, True)  # default: on when no servers are listed
-    interval: float = setting(positive_duration, 10.0)
+    interval: float = setting(LOOP_INTERVAL, 10.0)
     # How long a discovered server whose process is gone stays (server_up 0 can still alert) before its
     # threads and series are dropped; a configured server is never dropped.
     forget_after: float = setting(positive_duration, 3600.0)
@@ -90,7 +92,8 @@ class Web:
 
     # Log lines and Python stacks can hold prompts and other users' data: shown over HTTP only when asked for.
     show_evidence: bool = setting(boolean, False)
-    history_interval: float = setting(positive_duration, 10.0)  # between the samples the hour's plots are drawn from
+    # Between the samples the hour's plots are drawn from; the ring holds an hour of them per server.
+    history_interval: float = setting(duration_at_least(0.5), 10.0)
 
 
 @dataclass(frozen=True)

@@ -43,6 +43,21 @@ def positive_duration(value: Any) -> float:
     return seconds
 
 
+def duration_at_least(floor: float) -> Callable[[Any], float]:
+    """A duration of at least `floor` seconds: an interval that sizes a ring or paces a loop (a `10ms` history
+    interval would keep 360,000 points per server, a `1ns` probe interval spin a thread)."""
+    def check(value: Any) -> float:
+        seconds = positive_duration(value)
+        if seconds < floor:
+            raise ValueError(f"expected a duration of at least {floor:g}s, got {value!r}")
+        return seconds
+    return check
+
+
+LOOP_FLOOR = 0.1  # seconds: the shortest interval of a loop (discovery, probes, fetches, log polls, NVML reads)
+LOOP_INTERVAL = duration_at_least(LOOP_FLOOR)
+
+
 def url(value: Any) -> str:
     text = string(value)
     if not re.match(r"https?://[^/\s]+", text):

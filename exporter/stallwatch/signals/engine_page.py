@@ -24,7 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from stallwatch.config import CollectorSettings
 from stallwatch.config.reader import setting
-from stallwatch.config.values import positive_duration
+from stallwatch.config.values import LOOP_INTERVAL, positive_duration
 from stallwatch.discovery.server import Server
 from stallwatch.engines.base import Figures, MetricsSpec
 from stallwatch.loops import PerServerLoops
@@ -39,7 +39,7 @@ MAX_BODY_BYTES = 4 << 20
 class EngineMetricsSettings(CollectorSettings):
     """The `engine_metrics:` section."""
 
-    interval: float = setting(positive_duration, 10.0)  # between fetches of one server's page
+    interval: float = setting(LOOP_INTERVAL, 10.0)  # between fetches of one server's page
     timeout: float = setting(positive_duration, 5.0)  # one deadline for each fetch
 
 

@@ -21,7 +21,7 @@ from watchdog.observers import Observer
 
 from stallwatch.config import CollectorSettings
 from stallwatch.config.reader import setting
-from stallwatch.config.values import positive_duration
+from stallwatch.config.values import LOOP_INTERVAL
 from stallwatch.discovery.watcher import Watcher
 from stallwatch.discovery.workload import LogSource
 from stallwatch.logs.formats import decoder_for
@@ -42,7 +42,7 @@ MIN_POLL_GAP = 0.05
 class LogsSettings(CollectorSettings):
     """The `logs:` section."""
 
-    poll_interval: float = setting(positive_duration, 1.0)  # the floor under inotify wake-ups
+    poll_interval: float = setting(LOOP_INTERVAL, 1.0)  # the floor under inotify wake-ups
 
 
 @dataclass(frozen=True)

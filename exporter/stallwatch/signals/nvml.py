@@ -21,7 +21,7 @@ import pynvml
 
 from stallwatch.config import CollectorSettings
 from stallwatch.config.reader import setting
-from stallwatch.config.values import positive_duration
+from stallwatch.config.values import LOOP_INTERVAL, positive_duration
 from stallwatch.loops import run_every
 from stallwatch.signals.devices import BusyIntegrator, Device, DeviceFailure, Devices, as_str, read_device
 
@@ -35,7 +35,7 @@ UNAVAILABLE = "NVML unavailable (no driver, or no access to it)"
 class GpuSettings(CollectorSettings):
     """The `gpu:` section."""
 
-    sample_interval: float = setting(positive_duration, 1.0)  # how often each GPU is read
+    sample_interval: float = setting(LOOP_INTERVAL, 1.0)  # how often each GPU is read
     timeout: float = setting(positive_duration, 5.0)  # a read in flight this long: the GPU is down
 
 
