@@ -60,6 +60,14 @@ def scan() -> list[Candidate]:
     return out
 
 
+def owner(pid: int) -> int | None:
+    """The real uid of process `pid`; None when it is gone or cannot be read."""
+    try:
+        return psutil.Process(pid).uids().real
+    except psutil.Error:
+        return None
+
+
 @dataclass(frozen=True)
 class ProcSample:
     pid: int

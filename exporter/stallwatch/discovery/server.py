@@ -19,7 +19,7 @@ import psutil
 from stallwatch.config import Config, Probe, ServerSpec
 from stallwatch.discovery import netns
 from stallwatch.discovery.deployment import Member, membership, read_environ
-from stallwatch.discovery.processes import Candidate, CpuLedger, ProcessKey, ProcSample, sample
+from stallwatch.discovery.processes import Candidate, CpuLedger, ProcessKey, ProcSample, owner, sample
 from stallwatch.discovery.workload import LogSource, Workload, log_sources
 from stallwatch.engines import ENGINES
 from stallwatch.engines.base import Engine
@@ -57,6 +57,7 @@ class Launch:
     probes: tuple[ProbeTarget, ...] = ()
     log_sources: tuple[LogSource, ...] = ()
     member: Member | None = None  # its place in a deployment over several nodes; None on one node
+    uid: int | None = None  # the real uid of its main process
     ledger: CpuLedger = field(default_factory=CpuLedger, compare=False)  # per-role CPU of this launch's tree
 
     @property
@@ -101,7 +102,7 @@ class Server:
                 model=printable(self.engine.model(argv)), tensor_parallel=self.engine.tensor_parallel(argv),
                 probes=self.launch.probes,
                 log_sources=self.launch.log_sources if self.spec.logs else log_sources(
-                    self._config.paths, candidate.pid, workload), member=member)
+                    self._config.paths, candidate.pid, workload), member=member, uid=owner(candidate.pid))
             launch = dataclasses.replace(launch, listening=self._read_listening(launch))
             if self.spec.probes is None:
                 launch = dataclasses.replace(launch, probes=self._derived_probes(launch))
@@ -111,6 +112,16 @@ class Server:
         self.interpreter.use(self._worker_engine if member is not None and member.worker else self.engine)
         self.interpreter.process_started(candidate.create_time)
         return True
+
+    def relaunched_as(self, workload: Workload, uid: int | None) -> bool:
+        """Whether a process of `workload` owned by `uid` can be this (gone) server relaunched: in a container or
+        unit the name says which (a pod, a container name, a unit); on the host, the same user."""
+        launch = self.launch
+        if launch.key is None:
+            return True
+        if launch.workload.runtime != workload.runtime:
+            return False
+        return workload.runtime != "host" or launch.uid == uid
 
     def refresh_network(self) -> bool:
         """Re-read the sockets of the server's network namespace (its port opens late): whether its port

@@ -134,10 +134,11 @@ class Watcher:
         """A name unique on the node and stable across restarts of the same workload: a server by that name
         whose process is gone is the same workload restarted; one whose process lives is another server."""
         name = printable(workload.name or f"{engine.name}-{engine.listen_address(root.argv)[1]}")
-        if self._taken(name) and workload.pod:
+        uid = processes.owner(root.pid)
+        if self._taken(name, workload, uid) and workload.pod:
             name = f"{name}/{workload.container}"  # a second server in one pod
         base, suffix = name, 1
-        while self._taken(name):
+        while self._taken(name, workload, uid):
             suffix += 1
             name = f"{base}-{suffix}"
         if suffix > 1 and base not in self._collisions:
@@ -145,9 +146,14 @@ class Watcher:
             log.warning("two servers would be named %s; the later one (pid %d) is %s", base, root.pid, name)
         return name
 
-    def _taken(self, name: str) -> bool:
+    def _taken(self, name: str, workload: Workload, uid: int | None) -> bool:
+        """Whether `name` belongs to another server: a configured one (never handed to a discovered process, which
+        would keep InferenceServerDown from firing while its own process is down), a running one, or a gone one
+        that the candidate cannot be a relaunch of (another user's process squatting the name in the gap)."""
         server = self._servers.get(name)
-        return server is not None and server.is_running()
+        if server is None:
+            return False
+        return name in self._configured_names or server.is_running() or not server.relaunched_as(workload, uid)
 
     def check_liveness(self) -> None:
         """A main process that is gone ends its phase now, not at the next scrape or discovery pass."""
