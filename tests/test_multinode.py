@@ -363,8 +363,8 @@ def test_a_node_that_never_joins_pages_within_log_stale_naming_it(tmp_path: Path
         assert (page["labels"]["severity"], page["labels"]["deployment"], page["group"]) == (
             "critical", SG_KEY, {"deployment": SG_KEY})
         description = page["annotations"]["description"]
-        assert f"Deployment {SG_KEY} is missing 1 node(s): node rank 1 report(s) nothing." in description
-        assert f"node 0 (head) sglang-30000 on {cluster.instance(0)}: launching;" in description
+        assert f"Deployment {SG_KEY} is missing 1 node(s): node rank(s) 1 report nothing." in description
+        assert f"node 0 (head) sglang-30000 on {cluster.instance(0)}: launching." in description
         assert {a["group"]["deployment"] for a in cluster.hook.alerts} == {SG_KEY}
 
 

@@ -58,15 +58,38 @@ def test_gpu_fault_rules_alert_on_the_xids_and_recovery_actions_the_reports_name
     assert {0, *map(int, re.findall(r"\d+", not_faults.group(1)))} == RECOVERY_NOT_FAULTS
 
 
+def firing_labels() -> dict[str, list[set[str]]]:
+    """Each alert's label names in the firing expectations of the rule tests (promtool compares them exactly)."""
+    found: dict[str, list[set[str]]] = {}
+    for test in yaml.safe_load(RULE_TESTS.read_text())["tests"]:
+        for case in test.get("alert_rule_test", []):
+            for expected in case["exp_alerts"]:
+                found.setdefault(case["alertname"], []).append({"alertname", *expected.get("exp_labels", {})})
+    return found
+
+
 def test_alert_style() -> None:
     anchors = set(re.findall(r"^## (\w+)", RUNBOOK.read_text(), re.MULTILINE))
+    tested = firing_labels()
     for alert in alerts():
         name = alert["alert"]
-        assert re.match(r"(InferenceServer|Stallwatch)[A-Z]\w+$", name)
+        assert re.match(r"(InferenceServer|InferenceDeployment|Stallwatch)[A-Z]\w+$", name), name
         assert alert["labels"]["severity"] in ("critical", "warning")
         notes = alert["annotations"]
         assert notes["summary"].endswith("."), name
-        assert "$labels.instance" in notes["description"], name
+        # A template that names a label the alert does not carry renders `<no value>`.
+        used = {label for text in notes.values() for label in re.findall(r"\$labels\.(\w+)", text)}
+        for labels in tested.get(name, []):
+            assert used <= labels, f"{name}: its annotations name {sorted(used - labels)}, which it does not carry"
+        if name.startswith("InferenceDeployment"):
+            # One alert per deployment (labels: deployment only) or per member of one (its instance kept): it names
+            # the deployment, and the instance wherever its expression keeps it.
+            assert "$labels.deployment" in notes["description"], name
+            assert tested.get(name), f"{name}: no test that fires"
+            if all("instance" in labels for labels in tested[name]):
+                assert "$labels.instance" in notes["description"], name
+        else:
+            assert "$labels.instance" in notes["description"], name
         if name.startswith("InferenceServer"):
             assert set(notes) == {"summary", "description", "runbook_url", "status_url"}, name
             assert "$labels.server" in notes["description"], name
