@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -16,26 +15,10 @@ from stallwatch.report import stacks
 from stallwatch.report.model import SCHEMA as SCHEMA_PATH
 from stallwatch.report.render import fold_roles
 from support import transcripts
-from support.harness import Engine, FakeNvml, gpus, poll
-from support.paths import FAKES
+from support.harness import Engine, diagnose, gpus, poll
 
 SCHEMA = json.loads(SCHEMA_PATH.read_text())
 WAIT_FRAME = "wait_for_draft_hidden_states"  # where the simulated engine's processes sleep
-STALE = "defaults:\n  stall:\n    log_stale: 1s\n"  # the stall counts after 1 s of silence, not 10 minutes
-
-
-def _run(tmp: Path, *args: str, config: str | None = STALE, nvml: dict | None = None,
-         ) -> subprocess.CompletedProcess[str]:
-    fake = FakeNvml(tmp / "diagnose-nvml.json", nvml if nvml is not None else {"missing": True})
-    flags = []
-    if config is not None:
-        path = tmp / "diagnose.yml"
-        path.write_text(config)
-        flags.append(f"--config.file={path}")
-    env = dict(os.environ, PYTHONPATH=f"{FAKES}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
-               STALLWATCH_FAKE_NVML=str(fake.path))
-    return subprocess.run([sys.executable, "-m", "stallwatch", *flags, "diagnose", *args, "--window=1"],
-                          capture_output=True, text=True, env=env, timeout=60)
 
 
 def _held_by(sim: Engine, count: int = 8) -> dict:
@@ -56,7 +39,7 @@ def _logged(sim: Engine, text: str) -> Callable[[], bool]:
 def test_stall_after_64_of_64(tmp_path: Path, engine) -> None:
     sim = engine("sglang", transcripts.sglang_until_shards(8, 64), final="stall")
     poll(_logged(sim, "64/64"), what="the last shard line")
-    out = _run(tmp_path, sim.name, nvml=_held_by(sim))
+    out = diagnose(tmp_path, sim.name, nvml=_held_by(sim))
     assert out.returncode == 1, out.stderr
     head = out.stdout.splitlines()[:6]
     assert head[0] == f"=== {sim.name} ==="
@@ -75,7 +58,7 @@ def test_stall_after_64_of_64(tmp_path: Path, engine) -> None:
 def test_stall_json_validates_and_has_every_section(tmp_path: Path, engine) -> None:
     sim = engine("sglang", transcripts.sglang_until_shards(8, 64), final="stall")
     poll(_logged(sim, "64/64"), what="the last shard line")
-    out = _run(tmp_path, sim.name, "--json", nvml=_held_by(sim))
+    out = diagnose(tmp_path, sim.name, "--json", nvml=_held_by(sim))
     assert out.returncode == 1, out.stderr
     server = _json(out)
     assert server["verdict"]["status"] == "stalled"
@@ -99,7 +82,7 @@ def test_gpus_busy_over_recent_samples_are_not_idle(tmp_path: Path, engine) -> N
     held = _held_by(sim)
     for gpu in held["gpus"]:
         gpu["sample_util"] = 40
-    out = _run(tmp_path, sim.name, "--json", nvml=held)
+    out = diagnose(tmp_path, sim.name, "--json", nvml=held)
     server = _json(out)
     assert server["verdict"]["status"] == "starting", server["verdict"]
     gpu = server["gpu"]["gpus"][0]
@@ -114,7 +97,7 @@ def test_capture_spinning_in_a_collective_and_a_gpu_fault(tmp_path: Path, engine
     held = _held_by(sim)
     for gpu in held["gpus"]:
         gpu.update(util=100, power=70, power_limit=700)
-    server = _json(_run(tmp_path, sim.name, "--json", nvml=held))
+    server = _json(diagnose(tmp_path, sim.name, "--json", nvml=held))
     assert server["verdict"]["status"] == "stalled", server["verdict"]
     assert "busy-waiting in a collective" in server["verdict"]["text"]
     assert "GPU 0 100% at 70 W of 700 W" in server["verdict"]["text"]
@@ -122,7 +105,7 @@ def test_capture_spinning_in_a_collective_and_a_gpu_fault(tmp_path: Path, engine
     assert (gpu["power_watts"], gpu["power_limit_watts"], gpu["xids"]) == (70, 700, [])
 
     held["gpus"][3]["recovery_action"] = 2
-    out = _run(tmp_path, sim.name, nvml=held)
+    out = diagnose(tmp_path, sim.name, nvml=held)
     assert "VERDICT: FAILED: GPU 3 (GPU-" in out.stdout and "the driver asks for: node reboot" in out.stdout, out.stdout
     assert "70 W of 700 W, recovery action node reboot" in out.stdout
 
@@ -130,7 +113,7 @@ def test_capture_spinning_in_a_collective_and_a_gpu_fault(tmp_path: Path, engine
 def test_healthy_idle_server(tmp_path: Path, engine) -> None:
     sim = engine("sglang", transcripts.sglang_healthy(2), final="serve", tp=2)
     poll(_logged(sim, "The server is fired up"), what="the ready line")
-    out = _run(tmp_path, sim.name, "--json", nvml=_held_by(sim, 2))
+    out = diagnose(tmp_path, sim.name, "--json", nvml=_held_by(sim, 2))
     assert out.returncode == 0, out.stdout + out.stderr
     server = _json(out)
     assert server["verdict"]["status"] == "healthy", server["verdict"]
@@ -144,13 +127,13 @@ def test_crash_in_graph_capture(tmp_path: Path, engine) -> None:
     sim.proc.wait(30)
     config = (f"servers:\n  - name: kimi\n    engine: sglang\n    match: {{cmdline: 'no-such-process-d12'}}\n"
               f"    logs: [{sim.log}]\n")
-    out = _run(tmp_path, "kimi", config=config)
+    out = diagnose(tmp_path, "kimi", config=config)
     assert out.returncode == 1, out.stdout + out.stderr
     verdict = out.stdout.splitlines()[1]
     assert verdict.startswith("VERDICT: FAILED: failed") and "fatal" in verdict, verdict
     assert "Capture cuda graph failed: CUDA out of memory" in out.stdout
     assert "GPUs: NVML unavailable" in out.stdout  # absent NVML is reported, not fatal
-    server = _json(_run(tmp_path, "kimi", "--json", config=config))
+    server = _json(diagnose(tmp_path, "kimi", "--json", config=config))
     assert server["phase"]["phase"] == "failed" and server["log"]["events"].get("fatal", 0) >= 1
     assert server["processes"] == [] and server["stacks"] == []
 
@@ -159,7 +142,7 @@ def test_post_ready_hang(tmp_path: Path, engine) -> None:
     hang = {"running": 255, "waiting": 0, "throughput": 0.0, "tokens_start": 1234567, "interval": 0.3}
     sim = engine("vllm", transcripts.vllm_post_ready_hang(), final="serve", tp=2, work=hang)
     poll(_logged(sim, "Application startup complete"), what="the ready line")
-    out = _run(tmp_path, sim.name, "--json", nvml=_held_by(sim, 2))
+    out = diagnose(tmp_path, sim.name, "--json", nvml=_held_by(sim, 2))
     assert out.returncode == 1, out.stdout + out.stderr
     server = _json(out)
     assert server["verdict"]["status"] == "stalled"
@@ -173,16 +156,16 @@ def test_busy_server_is_healthy(tmp_path: Path, engine) -> None:
     busy = {"running": 12, "waiting": 3, "throughput": 800.0, "interval": 0.3}
     sim = engine("vllm", transcripts.vllm_healthy(), final="serve", tp=2, work=busy)
     poll(_logged(sim, "Avg generation throughput"), what="a stats line")
-    out = _run(tmp_path, sim.name, nvml=_held_by(sim, 2))
+    out = diagnose(tmp_path, sim.name, nvml=_held_by(sim, 2))
     assert out.returncode == 0, out.stdout + out.stderr
     assert "VERDICT: HEALTHY: serving" in out.stdout and "15 requests in hand" in out.stdout
 
 
 @pytest.mark.process
 def test_unknown_server_and_bad_config_exit_2(tmp_path: Path) -> None:
-    out = _run(tmp_path, "no-such-server-d12")
+    out = diagnose(tmp_path, "no-such-server-d12")
     assert out.returncode == 2 and "no watched server named 'no-such-server-d12'" in out.stderr
-    out = _run(tmp_path, "x", config="servers: 3\n")
+    out = diagnose(tmp_path, "x", config="servers: 3\n")
     assert out.returncode == 2 and "diagnose.yml" in out.stderr
 
 

@@ -12,7 +12,7 @@ import pytest
 from stallwatch.config.reader import ConfigError
 from support import transcripts as t
 from support.configs import parse
-from support.harness import Engine
+from support.harness import Engine, diagnose, poll
 
 FAST = ("discovery: {enabled: true, interval: 0.2s, forget_after: 30s}\n"
         "defaults: {probe: {interval: 0.2s, timeout: 1s}}\nlogs: {poll_interval: 0.1s}\n")
@@ -58,6 +58,26 @@ def test_a_gone_servers_name_is_not_taken_by_another_users_process(exporter, eng
                    what="the relaunch under its own name")
     finally:
         other.stop()
+
+
+# --- 12. no other user's text drives the operator's terminal ----------------------------------------------------
+
+CSI_OVERWRITE = "\x1b[2K\x1b[1AVERDICT: HEALTHY"  # erase the line above (the verdict) and forge it
+OSC_CLIPBOARD = "\x1b]52;c;cm0gLXJmIH4K\x07"  # writes the operator's clipboard in terminals that allow it
+OSC_TITLE = "\x1b]0;OWNED\x07"
+
+
+def test_diagnose_prints_no_escape_sequence_from_argv_paths_or_lines(engine, tmp_path: Path) -> None:
+    lines = t.sglang_until_shards(tp=1) + f"[2026-11-20 09:15:00] {OSC_CLIPBOARD}{CSI_OVERWRITE}\n"
+    sim = engine("sglang", lines, final="stall", tp=1, log_name=f"out{OSC_TITLE}.log")
+    poll(lambda: sim.log.exists() and "VERDICT" in sim.log.read_text(), what="the hostile line")
+    out = diagnose(tmp_path, sim.name)
+    assert out.returncode == 1, out.stderr
+    assert not [c for c in out.stdout if (ord(c) < 0x20 and c not in "\n\t") or 0x7f <= ord(c) <= 0x9f], out.stdout
+    # Shown as text: the OSC of the line (its CSI codes are stripped as colours are) and of the log's path.
+    assert "\\x1b]52;c;cm0gLXJmIH4K\\x07VERDICT: HEALTHY" in out.stdout
+    assert "out\\x1b]0;OWNED\\x07.log" in out.stdout
+    assert out.stdout.splitlines()[1].startswith("VERDICT: STALLED")
 
 
 # --- 16. intervals have floors ----------------------------------------------------------------------------------

@@ -5,6 +5,12 @@ Bytes that are not UTF-8 reach Python surrogate-escaped; they would fail the exp
 
 from __future__ import annotations
 
+import re
+
+# C0 and C1 controls but newline and tab: escape sequences (CSI, OSC 0 window titles, OSC 52 clipboard writes) and
+# carriage returns that would redraw an operator's terminal from another user's argv, paths, titles or log lines.
+_CONTROLS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
 
 def printable(text: str) -> str:
     """Text read from another process (surrogate-escaped bytes that are not UTF-8) made safe to export."""
@@ -17,3 +23,8 @@ def display(text: str) -> str:
         return printable(text)
     except UnicodeError:
         return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def terminal_safe(text: str) -> str:
+    """Text for a terminal: every control character but newline and tab written as `\\xNN`."""
+    return _CONTROLS.sub(lambda m: f"\\x{ord(m.group()):02x}", text)

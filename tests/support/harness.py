@@ -213,3 +213,21 @@ class Engine:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait()
+
+
+DIAGNOSE_STALE = "defaults:\n  stall:\n    log_stale: 1s\n"  # the stall counts after 1 s of silence, not 10 minutes
+
+
+def diagnose(tmp: Path, *args: str, config: str | None = DIAGNOSE_STALE, nvml: dict | None = None,
+             ) -> subprocess.CompletedProcess[str]:
+    """`stallwatch diagnose ARGS --window=1` as a process, with the fake NVML in `nvml`."""
+    fake = FakeNvml(tmp / "diagnose-nvml.json", nvml if nvml is not None else {"missing": True})
+    flags = []
+    if config is not None:
+        path = tmp / "diagnose.yml"
+        path.write_text(config)
+        flags.append(f"--config.file={path}")
+    env = dict(os.environ, PYTHONPATH=f"{FAKES}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+               STALLWATCH_FAKE_NVML=str(fake.path))
+    return subprocess.run([sys.executable, "-m", "stallwatch", *flags, "diagnose", *args, "--window=1"],
+                          capture_output=True, text=True, env=env, timeout=60)

@@ -18,6 +18,7 @@ from stallwatch.report.model import (
     XidInfo,
 )
 from stallwatch.signals.xid import RECOVERY_ACTIONS
+from stallwatch.text import terminal_safe
 
 
 def render_json(report: Report) -> str:
@@ -25,9 +26,10 @@ def render_json(report: Report) -> str:
 
 
 def render_text(report: Report) -> str:
+    """The report for a terminal: what other processes wrote (argv, paths, titles, lines) cannot drive it."""
     if not report.servers:
         return "no inference server is watched on this node\n"
-    return "\n".join(_server_text(s) for s in report.servers)
+    return terminal_safe("\n".join(_server_text(s) for s in report.servers))
 
 
 def _server_text(s: ServerReport) -> str:
