@@ -5,6 +5,7 @@ namespaces, numbers, names, argv and the text they print). Each test reproduces 
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ import pytest
 from stallwatch.config.reader import ConfigError
 from support import transcripts as t
 from support.configs import parse
-from support.harness import Engine, diagnose, poll
+from support.harness import Engine, diagnose, free_port, poll
 
 FAST = ("discovery: {enabled: true, interval: 0.2s, forget_after: 30s}\n"
         "defaults: {probe: {interval: 0.2s, timeout: 1s}}\nlogs: {poll_interval: 0.1s}\n")
@@ -58,6 +59,44 @@ def test_a_gone_servers_name_is_not_taken_by_another_users_process(exporter, eng
                    what="the relaunch under its own name")
     finally:
         other.stop()
+
+
+# --- 10. a main process that execs is read anew; a shell's script is not a server ---------------------------------
+
+# A Python process whose argv names a vLLM server on `--port FIRST`, then execs (same pid and start time) into the
+# command after `--`: the real server, on another port.
+EXEC_LATER = ("import os, sys, time; time.sleep(1.5); rest = sys.argv[sys.argv.index('--') + 1:]; "
+              "os.execv(rest[0], rest)")
+
+
+def test_a_main_process_that_execs_is_read_anew(exporter, engine) -> None:
+    e = exporter(config=FAST)
+    first = free_port()
+    sim = engine("vllm", t.vllm_healthy(tp=1), final="serve", tp=1, work={"running": 0, "waiting": 0},
+                 prefix=[sys.executable, "-c", EXEC_LATER, "-m", "vllm.entrypoints.openai.api_server", "--port",
+                         str(first), "--"])
+    name = f"vllm-{first}"
+    e.wait_for(lambda s: s.value("stallwatch_server_up", server=name) == 1, what="the process before its exec")
+    scrape = e.wait_for(lambda s: s.value("stallwatch_server_listening", server=name, port=str(sim.port)) == 1
+                        and s.value("stallwatch_probe_success", server=name,
+                                    url=f"http://127.0.0.1:{sim.port}/health") == 1 and s,
+                        timeout=20, what="the port and probe of the program it exec'd")
+    assert scrape.value("stallwatch_startup_phase", server=name, phase="serving") == 1
+    assert scrape.value("stallwatch_server_listening", server=name, port=str(first)) is None
+
+
+def test_a_shell_scripts_process_is_not_the_server_it_starts(exporter, engine, tmp_path: Path) -> None:
+    """`sh -c 'sleep 1; exec python -m vllm... --port N'`, as manifests and entrypoints write it: the shell is not
+    discovered (its port would be read as the default 8000, a healthy idle server paged as never listening); the
+    program it execs is, on its own port."""
+    e = exporter(config=FAST)
+    sim = engine("vllm", t.vllm_healthy(tp=1), final="serve", tp=1, work={"running": 0, "waiting": 0},
+                 shell="sleep 1")
+    e.wait_for(lambda s: s.value("stallwatch_probe_success", server=sim.name,
+                                 url=f"http://127.0.0.1:{sim.port}/health") == 1, timeout=20,
+               what="the program the script execs")
+    assert f"(pid {sim.proc.pid}, host)" in e.log.read_text()
+    assert "vllm-8000" not in e.log.read_text()
 
 
 # --- 12. no other user's text drives the operator's terminal ----------------------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -168,12 +169,13 @@ class Engine:
                  line_delay: float = 0.0, log_name: str | None = None, prefix: list[str] | None = None,
                  args: tuple[str, ...] = (), work: dict | None = None, on_sigterm: str | None = None,
                  supervise: dict | None = None, children: list[str] | None = None, http: str = "api",
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, shell: str | None = None) -> None:
         """`work`: the engine's own view once serving (requests, throughput, its `/metrics`; see enginesim).
         `on_sigterm`: what it logs when asked to stop. `supervise`: run it under tests/sim/bin/restart-always
         with these settings (`restart_sec`, `max_restarts`), restarted each time it exits. `children` (titles) and
         `http` (`api`, `dummy`, `none`): a worker node's processes and port (see enginesim). `env`: more of its
-        environment (a LeaderWorkerSet's `LWS_*`)."""
+        environment (a LeaderWorkerSet's `LWS_*`). `shell`: started as `sh -c '<shell>; exec <the command>'`, as
+        container entrypoints do."""
         self.port = port or free_port()
         self.log = tmp / (log_name or f"{engine}-{self.port}.log")
         stem = tmp / f"{engine}-{self.port}"
@@ -195,6 +197,8 @@ class Engine:
         # `args` come first: the exporter reads a flag's first value (`--port ²`), the simulator's argparse the
         # last (the real port it binds).
         cmd = [*(prefix or []), *ENGINE_COMMANDS[engine], *args, "--port", str(self.port), "--tp", str(tp)]
+        if shell is not None:
+            cmd = ["sh", "-c", f"{shell}; exec {shlex.join(cmd)}"]
         if supervise is not None:
             spec = stem.with_suffix(".supervise.json")
             spec.write_text(json.dumps({**supervise, "argv": cmd}))

@@ -85,11 +85,17 @@ class Server:
     def port(self) -> int | None:
         return self.launch.port
 
+    def follows(self, candidate: Candidate) -> bool:
+        """Whether `candidate` is the main process as it was attached: the same process with the same command line
+        (an `exec` keeps the pid and start time and changes the program, its port and its flags)."""
+        launch = self.launch
+        return launch.key == ProcessKey(candidate.pid, candidate.create_time) and launch.argv == candidate.argv
+
     def attach(self, candidate: Candidate, workload: Workload) -> bool:
-        """Follow `candidate` as the main process; True when it is a new launch."""
+        """Follow `candidate` as the main process, read anew when it exec'd; True when anything changed."""
         key = ProcessKey(candidate.pid, candidate.create_time)
         with self._lock:
-            if key == self.launch.key and self.launch.process is not None:
+            if self.follows(candidate) and self.launch.process is not None:
                 return False
             try:
                 process = psutil.Process(candidate.pid)
@@ -103,6 +109,8 @@ class Server:
                 probes=self.launch.probes,
                 log_sources=self.launch.log_sources if self.spec.logs else log_sources(
                     self._config.paths, candidate.pid, workload), member=member, uid=owner(candidate.pid))
+            if key == self.launch.key:  # the same process exec'd: its CPU so far stays counted
+                launch = dataclasses.replace(launch, ledger=self.launch.ledger)
             launch = dataclasses.replace(launch, listening=self._read_listening(launch))
             if self.spec.probes is None:
                 launch = dataclasses.replace(launch, probes=self._derived_probes(launch))

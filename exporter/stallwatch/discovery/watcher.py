@@ -29,11 +29,28 @@ log = logging.getLogger(__name__)
 LIVENESS_SECONDS = 1.0  # how soon a vanished main process turns the phase to stopped or failed
 
 
-def _roots(candidates: Iterable[Candidate], pattern: re.Pattern[str]) -> list[Candidate]:
-    """Matching processes whose parent does not match too (forked workers keep their parent's argv)."""
-    matched = [c for c in candidates if pattern.search(c.cmdline)]
+def _roots(candidates: Iterable[Candidate], pattern: re.Pattern[str], own_arguments: bool = False) -> list[Candidate]:
+    """Matching processes whose parent does not match too (forked workers keep their parent's argv). With
+    `own_arguments`, only where the match begins in an argument without whitespace: not inside a script a shell
+    or `su` is given (`sh -c 'sleep 3; exec python -m sglang.launch_server --port 40000'`), whose process is not
+    the server and whose port is not parsed; the server is the process that script execs."""
+    matched = [c for c in candidates if _matches(pattern, c, own_arguments)]
     pids = {c.pid for c in matched}
     return [c for c in matched if c.ppid not in pids]
+
+
+def _matches(pattern: re.Pattern[str], candidate: Candidate, own_arguments: bool) -> bool:
+    if not own_arguments:
+        return pattern.search(candidate.cmdline) is not None
+    ends, end = [], -1
+    for arg in candidate.argv:
+        end += len(arg) + 1
+        ends.append((end, arg))
+    for found in pattern.finditer(candidate.cmdline):
+        arg = next(a for e, a in ends if found.start() <= e)
+        if not any(ch.isspace() for ch in arg):
+            return True
+    return False
 
 
 class Watcher:
@@ -79,7 +96,7 @@ class Watcher:
             for engine in ENGINES.values():
                 if engine.cmdline is None:
                     continue
-                for root in _roots(candidates, engine.cmdline):
+                for root in _roots(candidates, engine.cmdline, own_arguments=True):
                     if root.pid not in claimed:
                         claimed.add(root.pid)
                         changed |= self._discovered(engine, root)
@@ -110,7 +127,7 @@ class Watcher:
         return dropped
 
     def _attach(self, server: Server, candidate: Candidate) -> bool:
-        if server.launch.key == ProcessKey(candidate.pid, candidate.create_time):
+        if server.follows(candidate):
             return False
         return server.attach(candidate, locate(self.config.paths, candidate.pid))
 
@@ -119,7 +136,7 @@ class Watcher:
         with self._lock:
             following = next((s for s in self._servers.values() if s.launch.key == key), None)
         if following is not None:
-            return False
+            return self._attach(following, root)  # anew only when it exec'd
         workload = locate(self.config.paths, root.pid)
         with self._lock:
             name = self._name(engine, root, workload)
