@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from stallwatch.config import Paths
+from stallwatch.discovery import namespaces
 from stallwatch.discovery.workload import LogSource, Workload, locate, log_sources
 
 CID = "0f5e9a2b" * 8
@@ -37,6 +38,13 @@ def tree(tmp_path: Path, cgroup: str, stdout: str = "pipe:[4242]") -> Paths:
     return Paths(procfs=str(tmp_path / "proc"), rootfs=str(root))
 
 
+@pytest.fixture(autouse=True)
+def in_a_container(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fixture trees have no namespaces: their process is taken to be where a runtime put it (that check, with
+    real namespaces, is tests/test_hardening_discovery.py's)."""
+    monkeypatch.setattr(namespaces, "in_container", lambda procfs, pid: True)
+
+
 POD = Workload("kubernetes", "llm", "kimi-0", "sglang", CID, pod_log=f"/var/log/pods/llm_kimi-0_{UID}/sglang/0.log")
 
 
@@ -53,6 +61,10 @@ POD = Workload("kubernetes", "llm", "kimi-0", "sglang", CID, pod_log=f"/var/log/
     (f"5:memory:/docker/{CID}\n0::/system.slice/containerd.service\n", "docker"),
     ("0::/system.slice/kimi.service\n", Workload("systemd", unit="kimi.service")),
     ("0::/user.slice/user-1000.slice/session-3.scope\n", Workload()),
+    # A user's delegated subtree named like a pod's container (audit 2026-12-01 #1): no runtime puts one there.
+    (f"0::/user.slice/user-1001.slice/user@1001.service/app.slice/kubepods-pod{U_}.slice/cri-containerd-{CID}.scope\n",
+     Workload()),
+    (f"0::/user.slice/user-1001.slice/user@1001.service/app.slice/docker-{CID}.scope\n", Workload()),
     ("0::/\n", Workload()),
     ("garbage\xff\n", Workload()),
 ])

@@ -407,6 +407,8 @@ class _Container:
     Subclasses say where the log goes, in which format, and under which cgroup path; this class starts and
     stops the shim and the engine, and owns the teardown."""
 
+    own_mounts = True  # a mount namespace of its own (a container's); a systemd service shares the node's
+
     def __init__(self, tmp: Path, engine: str, transcript: str, *, final: str, tp: int, port: int, host: str,
                  netns: bool, line_delay: float, load_http: str, work: dict | None = None) -> None:
         if engine not in ENGINE_COMMANDS:
@@ -475,7 +477,8 @@ class _Container:
         """Create the cgroup, start the shim (outside it), wait until the engine has exec'd inside it."""
         scenario = self._scenario(transcript, final)
         command_file = self._work / f"run{self._runs}.command"
-        prefix = self._netns.exec_prefix() if self._netns else []
+        # A container has a mount namespace of its own (runc always makes one; `ip netns exec` makes one too).
+        prefix = self._netns.exec_prefix() if self._netns else ["unshare", "--mount"] if self.own_mounts else []
         command_file.write_text(json.dumps([*prefix, *self.engine_argv()]))
         pidfile = self._work / f"run{self._runs}.pid"
         self._cgroup = Cgroup(cgroup_path).create()
@@ -732,6 +735,8 @@ class SystemdUnit(_Container):
     """A simulated engine as a systemd service: cgroup `system.slice/<unit>`, the host's network, stdout and
     stderr on one stream socket read by the journald stand-in (`cri-shim --format journal`), which appends
     `journalctl -o json` entries to `journal` (what a fake `journalctl` reads via STALLWATCH_FAKE_JOURNAL)."""
+
+    own_mounts = False
 
     def __init__(self, tmp: Path, engine: str, transcript: str, *, unit: str | None = None,
                  final: str = "stall", tp: int = 8, port: int = 30000, host: str = "127.0.0.1",

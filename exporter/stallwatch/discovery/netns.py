@@ -26,6 +26,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TypeVar
 
+from stallwatch.discovery import namespaces
+
 __all__ = [
     "CLONE_NEWNET",
     "PROBE_THREAD_PREFIX",
@@ -266,13 +268,7 @@ def netns_inode(procfs: str, pid: int | str) -> int | None:
     Stat of `<procfs>/<pid>/ns/net` needs the ptrace-read check (same uid or CAP_SYS_PTRACE;
     torvalds/linux `fs/proc/namespaces.c` `proc_ns_get_link`), unlike `net/tcp`.
     """
-    base = _pid_dir(procfs, pid)
-    if base is None:
-        return None
-    try:
-        return os.stat(os.path.join(base, "ns", "net")).st_ino
-    except (OSError, ValueError):
-        return None
+    return None if _pid_dir(procfs, pid) is None else namespaces.inode(procfs, pid, "net")
 
 
 def same_netns(procfs: str, pid: int) -> bool | None:

@@ -189,6 +189,10 @@ def _classify(path: str) -> Placement:
     internal/config/cgmgr), Docker's `docker-<id>.scope` and `/docker/<id>` (moby/moby daemon/oci_linux.go).
     """
     components = _path_components(path)
+    if any(name == "user.slice" or name.startswith("user@") for name in components):
+        # Login sessions and user managers: systemd delegates `user@UID.service` to its user (Delegate=yes), who
+        # can make cgroups there named like any container's. No runtime puts one there.
+        return Placement("host")
     pod_match = _POD_UID.search(path)
     pod_uid = pod_match.group(1).replace("_", "-") if pod_match else ""
     container_id, prefix, parent = _container_id(components)
@@ -225,12 +229,10 @@ def _container_id(components: list[str]) -> tuple[str, str, str]:
 def _system_unit(components: list[str]) -> str:
     """The outermost `.service` component: the unit systemd itself manages (systemd.special(7)).
 
-    Anything under `user.slice` or a `user@N.service` manager is a login session or a user unit, whose
-    journal entries carry `_SYSTEMD_USER_UNIT`, not `_SYSTEMD_UNIT`: reported as the host.
+    (Anything under `user.slice` or a `user@N.service` manager, a login session or a user unit whose journal
+    entries carry `_SYSTEMD_USER_UNIT`, is the host: `_classify`.)
     """
     for name in components:
-        if name == "user.slice" or name.startswith("user@"):
-            return ""
         if name.endswith(".service"):
             return name if _UNIT.fullmatch(name) else ""
     return ""

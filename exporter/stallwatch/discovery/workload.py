@@ -9,11 +9,13 @@ entries. Anything else has no log, or one reported unavailable with the reason.
 
 from __future__ import annotations
 
+import logging
 import os
 import stat
 from dataclasses import dataclass
 
 from stallwatch.config import Paths
+from stallwatch.discovery import namespaces
 from stallwatch.discovery.placement import (
     DockerContainer,
     Placement,
@@ -24,6 +26,8 @@ from stallwatch.discovery.placement import (
     short_id,
 )
 from stallwatch.text import printable
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -69,8 +73,16 @@ class Workload:
 
 
 def locate(paths: Paths, pid: int) -> Workload:
-    """The workload of process `pid`, from its cgroup and the runtimes' files; a host one when unknown."""
+    """The workload of process `pid`, from its cgroup and the runtimes' files; a host one when unknown.
+
+    A cgroup named like a container's is believed only for a process a runtime put in a container (its own mount
+    namespace, made by root): any user can make cgroups under its delegated `user@UID.service` subtree and name
+    them after another pod's, whose root-only log and identity would then be taken for its process."""
     placement = read_placement(paths.procfs, pid) or Placement("host")
+    if placement.runtime in ("kubernetes", "docker") and not namespaces.in_container(paths.procfs, pid):
+        log.warning("pid %d is in cgroup of %s container %s but not in a container's mount namespace: "
+                    "read as a host process", pid, placement.runtime, short_id(placement.container_id))
+        placement = Placement("host")
     if placement.runtime == "kubernetes":
         pod = find_pod_container(paths.rootfs, paths.pod_logs, paths.container_logs, placement.container_id,
                                  placement.pod_uid)
