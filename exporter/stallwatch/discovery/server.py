@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import psutil
 
 from stallwatch.config import Config, Probe, ServerSpec
-from stallwatch.discovery import netns
+from stallwatch.discovery import namespaces, netns
 from stallwatch.discovery.deployment import Member, membership, read_environ
 from stallwatch.discovery.processes import Candidate, CpuLedger, ProcessKey, ProcSample, owner, sample
 from stallwatch.discovery.workload import LogSource, Workload, log_sources
@@ -189,6 +189,10 @@ class Server:
             same = launch.workload.runtime in ("host", "systemd")
         own = [] if same else netns.local_addresses(procfs, pid)
         kind, address = netns.choose_address(binds, own)
+        if kind == "address" and not same and not namespaces.made_by_root(procfs, pid, "net"):
+            # A namespace its own user made holds any address it chose, which in ours may be someone else's:
+            # dialled from here, the probe and the page fetch would reach that other host. Only from inside.
+            kind = "loopback_only"
         netns_pid = pid if kind == "loopback_only" and not same else None
         if kind == "none" or (same and address in ("0.0.0.0", "::")):
             address = "127.0.0.1"
