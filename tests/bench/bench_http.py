@@ -5,27 +5,43 @@ The exporter watches a simulated SGLang TP=8 server with 8 fake GPUs, on loopbac
   2. 1,000 idle connections and a 200-connection slowloris while one client scrapes: latency, thread count, and
      when the exporter cut them (header deadline 10 s);
   3. TLS scrapes beside 50 handshake-less connections and one half-sent ClientHello;
-  4. RLIMIT_NOFILE lowered on the running exporter and exhausted: CPU while exhausted, recovery.
+  4. RLIMIT_NOFILE lowered on the running exporter and exhausted: CPU while exhausted, recovery;
+  5. 150 connections, each a request then 1 MiB of a head that never ends: RSS growth (audit 2026-12-01, 5);
+  6. scrapes beside 8 connections that stream pipelined requests without pause (audit 2026-12-01, 4);
+  7. authenticated scrapes beside 48 connections guessing the password of a cost-12 hash (audit 2026-12-01, 6).
+The attacking clients of 6 and 7 run in a child process, so that their threads do not slow the measuring client;
+the regression tests of 5-7 are tests/test_hardening_web.py.
 
     .venv/bin/python tests/bench/bench_http.py [--seconds 60] [--scrapers 50] [--idle 1000] [--slow 200]
+        [--attack-seconds 15] [--only bigheads,pipelining,guessing]
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
+import contextlib
+import multiprocessing
+import secrets
 import socket
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Callable, Iterator
+from multiprocessing.sharedctypes import Synchronized
 from pathlib import Path
 
+import bcrypt
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from support.harness import poll
+from support.harness import Exporter, poll
 from support.load import (
+    Figures,
     Rig,
+    Scraper,
     concurrent_scrapers,
     cpu_percent,
     idle_and_slowloris,
@@ -64,16 +80,21 @@ def flood(rig: Rig, args: argparse.Namespace) -> None:
 
 
 def _all_closed(socks: list[socket.socket]) -> float | None:
-    for sock in socks:
-        sock.setblocking(False)
-        try:
-            if sock.recv(65536) != b"":
-                return None
-        except BlockingIOError:
-            return None
-        except OSError:
+    closed = [_closed(sock) for sock in socks]  # every socket drained on each call, not up to the first still open
+    return time.monotonic() if all(closed) else None
+
+
+def _closed(sock: socket.socket) -> bool:
+    """Whether the exporter closed `sock`, its answers read."""
+    sock.setblocking(False)
+    try:
+        while sock.recv(65536):
             pass
-    return time.monotonic()
+    except BlockingIOError:
+        return False
+    except OSError:
+        pass
+    return True
 
 
 def tls(tmp: Path) -> None:
@@ -92,28 +113,175 @@ def emfile(rig: Rig) -> None:
           f"answered within {1000 * (time.monotonic() - start):.0f} ms")
 
 
+MIB = 1 << 20
+BIG_HEAD = b"GET /-/healthy HTTP/1.1\r\nHost: x\r\n\r\nGET /metrics HTTP/1.1\r\nX-Pad: " + b"a" * MIB
+PIPELINED = b"GET /-/healthy HTTP/1.1\r\nHost: x\r\n\r\n" * 256
+
+
+def big_heads(rig: Rig, args: argparse.Namespace) -> None:
+    proc = psutil.Process(rig.exporter.proc.pid)
+    rss = [proc.memory_info().rss]
+    socks = [socket.create_connection(("127.0.0.1", rig.exporter.port), timeout=30) for _ in range(args.bigheads)]
+    start = time.monotonic()
+    senders = [threading.Thread(target=_send_quietly, args=(sock, BIG_HEAD), daemon=True) for sock in socks]
+    for sender in senders:
+        sender.start()
+
+    def sampled_cut() -> float | None:
+        rss.append(proc.memory_info().rss)
+        return None if any(sender.is_alive() for sender in senders) else _all_closed(socks)
+
+    cut = poll(sampled_cut, timeout=40, interval=0.05, what="connections cut")
+    for sock in socks:
+        sock.close()
+    print(f"{args.bigheads} connections, each a request then 1 MiB of a head that never ends: exporter RSS "
+          f"{rss[0] / MIB:.0f} MiB before, peak +{(max(rss) - rss[0]) / MIB:.1f} MiB, "
+          f"+{(rss[-1] - rss[0]) / MIB:.1f} MiB once all were cut, {cut - start:.2f} s after the first byte  "
+          "(target: far below 1 MiB a connection)")
+
+
+def _send_quietly(sock: socket.socket, data: bytes) -> None:
+    with contextlib.suppress(OSError):  # the exporter refuses the head and closes while it is sent
+        sock.sendall(data)
+
+
+@contextlib.contextmanager
+def in_child(target: Callable[..., None], *args: object) -> Iterator[Synchronized]:
+    """`target(*args, count)` in a forked process until the block ends; yields the count it keeps."""
+    context = multiprocessing.get_context("fork")
+    count = context.Value("q", 0)
+    child = context.Process(target=target, args=(*args, count), daemon=True)
+    child.start()
+    try:
+        yield count
+    finally:
+        child.terminate()
+        child.join(10)
+
+
+def _threads(connections: int, one: Callable[[], None]) -> None:
+    threads = [threading.Thread(target=one, daemon=True) for _ in range(connections)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+
+def _add(count: Synchronized, n: int) -> None:
+    with count.get_lock():
+        count.value += n
+
+
+def pipelining_clients(port: int, connections: int, answered: Synchronized) -> None:
+    """The audit's `pipeline2.py`: each connection writes 256 pipelined requests at a time without pause while a
+    thread drains the answers (counted)."""
+    def one() -> None:
+        sock = socket.create_connection(("127.0.0.1", port))
+
+        def drain() -> None:
+            with contextlib.suppress(OSError):
+                while chunk := sock.recv(MIB):
+                    _add(answered, chunk.count(b"Healthy."))
+
+        threading.Thread(target=drain, daemon=True).start()
+        with contextlib.suppress(OSError):
+            while True:
+                sock.sendall(PIPELINED)
+
+    _threads(connections, one)
+
+
+def password_guessers(port: int, connections: int, answered: Synchronized) -> None:
+    """The audit's `bcryptflood.py`: each keep-alive connection loops on `/metrics` with a random password."""
+    def one() -> None:
+        scraper = Scraper(port)
+        while True:
+            scraper.headers = f"Authorization: {basic('alice', secrets.token_hex(8))}\r\n"
+            try:
+                scraper.get()
+                _add(answered, 1)
+            except (OSError, ValueError, StopIteration):
+                scraper.close()
+
+    _threads(connections, one)
+
+
+def basic(user: str, password: str) -> str:
+    return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+
+
+def scrapes_for(port: int, seconds: float, headers: str = "", pause: float = 0.1) -> Figures:
+    """One keep-alive client scraping `/metrics` every `pause` for `seconds`."""
+    figures, scraper, stop = Figures(), Scraper(port, headers=headers), time.monotonic() + seconds
+    while time.monotonic() < stop:
+        try:
+            figures.latencies.append(scraper.timed())
+        except (OSError, AssertionError, ValueError, StopIteration) as exc:
+            scraper.close()
+            figures.errors.append(repr(exc))
+        time.sleep(pause)
+    scraper.close()
+    return figures
+
+
+def pipelining(rig: Rig, args: argparse.Namespace) -> None:
+    with in_child(pipelining_clients, rig.exporter.port, args.pipeliners) as answered:
+        figures = scrapes_for(rig.exporter.port, args.attack_seconds)
+        rate = answered.value / args.attack_seconds
+    print(figures.line(f"scrapes beside {args.pipeliners} connections streaming pipelined requests, "
+                       f"{args.attack_seconds:g} s") + f"; pipelined requests answered {rate:.0f}/s"
+          "  (target: p99 well under the 10 s scrape timeout)")
+
+
+def guessing(tmp: Path, args: argparse.Namespace) -> None:
+    web = tmp / "web.yml"
+    web.write_text(f"basic_auth_users: {{alice: '{bcrypt.hashpw(b'secret', bcrypt.gensalt(12)).decode()}'}}\n")
+    exporter = Exporter(tmp, args=(f"--web.config.file={web}",), ready=False)
+    good = f"Authorization: {basic('alice', 'secret')}\r\n"
+    try:
+        poll(lambda: scrapes_for(exporter.port, 0.01, good).latencies, timeout=30, what="exporter, alice cached")
+        with in_child(password_guessers, exporter.port, args.guessers) as answered:
+            figures = scrapes_for(exporter.port, args.attack_seconds, good)
+            rate = answered.value / args.attack_seconds
+    finally:
+        exporter.stop()
+    print(figures.line(f"scrapes with cached credentials beside {args.guessers} connections guessing a cost-12 "
+                       f"password, {args.attack_seconds:g} s") + f"; guesses answered {rate:.0f}/s"
+          "  (target: p99 close to an unattacked scrape)")
+
+
+RIG_SCENARIOS = {"scrapers": scrapers, "flood": flood, "emfile": lambda rig, _: emfile(rig), "bigheads": big_heads,
+                 "pipelining": pipelining}
+OWN_EXPORTER = {"tls": lambda tmp, _: tls(tmp), "guessing": guessing}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--scrapers", type=int, default=50)
     parser.add_argument("--idle", type=int, default=1000)
     parser.add_argument("--slow", type=int, default=200)
+    parser.add_argument("--attack-seconds", type=float, default=15.0)
+    parser.add_argument("--bigheads", type=int, default=150)
+    parser.add_argument("--pipeliners", type=int, default=8)
+    parser.add_argument("--guessers", type=int, default=48)
+    parser.add_argument("--only", default=",".join([*RIG_SCENARIOS, *OWN_EXPORTER]), help="scenarios, comma-separated")
     args = parser.parse_args()
+    chosen = args.only.split(",")
     raise_nofile(8192)
     tmp = Path(tempfile.mkdtemp(prefix="stallwatch-bench-http-"))
     rig = start_rig(tmp)
     try:
         wait_ready(rig)
         print(f"cores: {psutil.cpu_count()}; exporter pid {rig.exporter.proc.pid}")
-        scrapers(rig, args)
-        flood(rig, args)
-        emfile(rig)
+        for name in (n for n in RIG_SCENARIOS if n in chosen):
+            RIG_SCENARIOS[name](rig, args)
     finally:
         rig.exporter.stop()
         rig.engine.stop()
-    tls_tmp = tmp / "tls"
-    tls_tmp.mkdir()
-    tls(tls_tmp)
+    for name in (n for n in OWN_EXPORTER if n in chosen):
+        (tmp / name).mkdir()
+        OWN_EXPORTER[name](tmp / name, args)
 
 
 if __name__ == "__main__":

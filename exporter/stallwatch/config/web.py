@@ -4,7 +4,7 @@ The keys, their meaning and their checks follow exporter-toolkit's `docs/web-con
 `web/tls_config.go` (`getTLSConfig`, `ConfigToTLSConfig`, paths relative to the file's directory) and
 `web/handler.go` (`extraHTTPHeaders`, `validateUsers`). Errors read `file:line: key: reason` through the main
 config's reader (`config.reader.Reader`), exit 2. What serves it: `web.tls` (the reloading context) and
-`web.auth` (the bcrypt checks, their cache and the one-bcrypt-at-a-time mutex).
+`web.auth` (the bcrypt checks, their caches and the bound on checks waiting for bcrypt).
 
 Python's `ssl` module cannot accept a client certificate without verifying it, so `RequireAnyClientCert` is
 refused with that reason, and `RequestClientCert` does not ask for a certificate (stallwatch does not use

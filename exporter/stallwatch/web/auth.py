@@ -1,67 +1,93 @@
-"""HTTP basic auth against the web config's bcrypt hashes, as exporter-toolkit's `web/handler.go` checks them."""
+"""HTTP basic auth against the web config's bcrypt hashes, as exporter-toolkit's `web/handler.go` checks them.
+
+Unlike Go, each request here holds one of a fixed pool of HTTP workers, so guesses must not queue on the bcrypt
+mutex: one bcrypt runs at a time, one more check may wait for it, and the rest are answered at once (busy: 429).
+Results are remembered, successes apart from failures, so that a scraper never waits for bcrypt again and no number
+of wrong guesses pushes its entry out.
+"""
 
 from __future__ import annotations
 
 import base64
 import binascii
 import hashlib
+import secrets
 import threading
-import time
 from collections.abc import Mapping
 
 import bcrypt
 
-# bcrypt of "fakepassword", as exporter-toolkit: unknown users cost one bcrypt too (no user enumeration by timing).
-DECOY_HASH = b"$2y$10$QOauhQNbBCuQDKes6eFzPeMqBSjb7Mr5DUmpZ/VcEd00UAV/LDeSi"
+WAITING = 1  # checks that may wait while a bcrypt runs: the next one starts without a gap, the rest are refused
+
+
+def cost(digest: bytes) -> int:
+    """The cost of a `$2y$12$...` hash (the config checked its form)."""
+    return int(digest.split(b"$")[2])
+
+
+class _Results:
+    """Keys of checked credentials, the oldest dropped past `size`. Lookups take no lock (a dict lookup is atomic),
+    so that a cached request never waits, even behind an insert."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._keys: dict[bytes, None] = {}
+        self._lock = threading.Lock()
+
+    def __contains__(self, key: bytes) -> bool:
+        return key in self._keys
+
+    def add(self, key: bytes) -> None:
+        with self._lock:
+            if len(self._keys) >= self.size:
+                del self._keys[next(iter(self._keys))]
+            self._keys[key] = None
 
 
 class BasicAuth:
     """Checks `Authorization: Basic` against bcrypt hashes as exporter-toolkit's `webHandler.ServeHTTP`: unknown
-    users cost a bcrypt of a decoy hash, one bcrypt runs at a time (it is slow on purpose: a flood of guesses
-    takes one core, not all), and results are cached briefly (keyed by a hash of user, hash and password, never
-    the password itself) so that a scraper's repeated requests do not pay bcrypt every time."""
+    users cost a bcrypt of a decoy hash made at load with the highest configured cost (so timing does not tell
+    users apart), and results are cached (keyed by a hash of user, hash and password, never the password itself;
+    a result never changes, so entries do not expire, as in exporter-toolkit)."""
 
-    def __init__(self, users: Mapping[str, bytes], ttl: float = 60.0, size: int = 100) -> None:
+    def __init__(self, users: Mapping[str, bytes], size: int = 100) -> None:
         self.users = dict(users)
-        self.ttl = ttl
-        self.size = size
-        self._cache: dict[bytes, tuple[bool, float]] = {}
-        self._cache_lock = threading.Lock()
+        self.decoy = bcrypt.hashpw(secrets.token_hex(16).encode(),
+                                   bcrypt.gensalt(max((cost(d) for d in self.users.values()), default=10)))
+        self._granted = _Results(size)
+        self._denied = _Results(size)
         self._bcrypt_lock = threading.Lock()
+        self._admitted = threading.BoundedSemaphore(1 + WAITING)
 
-    def check(self, authorization: str | None) -> bool:
+    def check(self, authorization: str | None) -> bool | None:
+        """True: let in; False: refused (401); None: not checked, because a bcrypt runs and another check waits for
+        it (429: try again later)."""
         credentials = _basic_credentials(authorization)
         if credentials is None:
             return False
         user, password = credentials
         digest = self.users.get(user)
-        key = hashlib.sha256(b"\0".join((user.encode(), digest or DECOY_HASH, password))).digest()
-        cached = self._cached(key)
-        if cached is not None:
-            return cached
-        with self._bcrypt_lock:
-            try:
-                ok = bcrypt.checkpw(password, digest or DECOY_HASH) and digest is not None
-            except ValueError:  # over bcrypt's 72 bytes: Go's bcrypt refuses those too (ErrPasswordTooLong)
-                ok = False
-        self._remember(key, ok)
+        key = hashlib.sha256(b"\0".join((user.encode("utf-8", "surrogateescape"), digest or self.decoy,
+                                         password))).digest()
+        if key in self._granted:
+            return True
+        if key in self._denied:
+            return False
+        ok = self._bcrypt(password, digest)
+        if ok is not None:
+            (self._granted if ok else self._denied).add(key)
         return ok
 
-    def _cached(self, key: bytes) -> bool | None:
-        with self._cache_lock:
-            entry = self._cache.get(key)
-            if entry is None or entry[1] < time.monotonic():
-                return None
-            return entry[0]
-
-    def _remember(self, key: bytes, ok: bool) -> None:
-        with self._cache_lock:
-            if len(self._cache) >= self.size:  # drop expired entries first, else the oldest
-                now = time.monotonic()
-                self._cache = {k: v for k, v in self._cache.items() if v[1] >= now}
-                while len(self._cache) >= self.size:
-                    self._cache.pop(next(iter(self._cache)))
-            self._cache[key] = (ok, time.monotonic() + self.ttl)
+    def _bcrypt(self, password: bytes, digest: bytes | None) -> bool | None:
+        if not self._admitted.acquire(blocking=False):
+            return None
+        try:
+            with self._bcrypt_lock:  # slow on purpose: a flood of guesses takes one core, not all
+                return bcrypt.checkpw(password, digest or self.decoy) and digest is not None
+        except ValueError:  # over bcrypt's 72 bytes: Go's bcrypt refuses those too (ErrPasswordTooLong)
+            return False
+        finally:
+            self._admitted.release()
 
 
 def _basic_credentials(authorization: str | None) -> tuple[str, bytes] | None:

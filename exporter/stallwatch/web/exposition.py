@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable, Iterator
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
 
 from stallwatch.web.server import Handler, Request, Response
 
@@ -128,6 +129,15 @@ def _scrape_wait(request: Request) -> float:
     return min(MAX_SCRAPE_WAIT, max(0.1, wanted)) if wanted == wanted else DEFAULT_SCRAPE_WAIT
 
 
+def encoder_for(accept: str) -> tuple[Callable[[Collector], bytes], str]:
+    """prometheus_client's choice for `accept`, else the text format: `choose_encoder` raises on a version it cannot
+    compare (`version=abc`), and a scraper with an odd header should still get metrics, not a 500."""
+    try:
+        return choose_encoder(accept)
+    except (TypeError, ValueError):
+        return choose_encoder("")
+
+
 def metrics_handler(shared: SharedCollection) -> Handler:
     def metrics(request: Request) -> Response:
         try:
@@ -135,7 +145,7 @@ def metrics_handler(shared: SharedCollection) -> Handler:
         except TimeoutError as exc:
             return Response(503, [TEXT], f"{exc}\n".encode())
         names = request.query.get("name[]")
-        encoder, content_type = choose_encoder(request.headers.get("accept", ""))
+        encoder, content_type = encoder_for(request.headers.get("accept", ""))
         key: tuple[object, ...] = (content_type, tuple(sorted(set(names))) if names is not None else None)
         body = flight.encoded(key, lambda: encoder(_Snapshot(restrict(flight.metrics, names))))  # type: ignore[arg-type]
         headers = [("Content-Type", content_type), ("Vary", "Accept-Encoding")]

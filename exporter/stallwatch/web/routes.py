@@ -85,6 +85,15 @@ def _static(name: str) -> Handler:
     return lambda _: Response(200, [("Content-Type", kind), *OWN_CONTENT_ONLY], body)
 
 
+def _refusal(allowed: bool | None) -> Response | None:
+    """None when `BasicAuth.check` let the request in, else its answer."""
+    if allowed:
+        return None
+    if allowed is None:  # bcrypt busy with other checks: answered now rather than holding a worker in its queue
+        return Response(429, [TEXT, ("Retry-After", "1")], b"Too many password checks at once; try again.\n")
+    return Response(401, [TEXT, ("WWW-Authenticate", "Basic")], b"Unauthorized\n")
+
+
 def make_app(registry: CollectorRegistry, watcher: Watcher, telemetry_path: str,
              web_config: WebConfig | None = None, status: StatusPages | None = None) -> Handler:
     """The request handler: routes, GET/HEAD only, and `web_config`'s basic auth and extra headers on every
@@ -102,8 +111,8 @@ def make_app(registry: CollectorRegistry, watcher: Watcher, telemetry_path: str,
     status_page = _status_handler(status) if status is not None else None
 
     def route(request: Request) -> Response:
-        if auth is not None and not auth.check(request.headers.get("authorization")):
-            return Response(401, [TEXT, ("WWW-Authenticate", "Basic")], b"Unauthorized\n")
+        if auth is not None and (refused := _refusal(auth.check(request.headers.get("authorization")))):
+            return refused
         handler = routes.get(request.path)
         if handler is None and status_page is not None and request.path.startswith(STATUS_PREFIX):
             handler = status_page

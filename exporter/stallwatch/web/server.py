@@ -7,6 +7,11 @@ holds a buffer, not a worker, and is cut at its deadline (`header_timeout` from 
 Go's `http.Server.ReadHeaderTimeout`). TLS handshakes are stepped in workers with non-blocking sockets: the CPU
 work happens there, every wait happens in the loop, so a handshake-less or half-open TLS client stalls nobody.
 
+A worker serves at most `requests_per_turn` pipelined requests of a connection, then the connection queues again
+behind the others, so a client that always has another request queued cannot keep a worker. The loop reads at most
+one read past `max_head_bytes` of unconsumed bytes per connection: a complete head is within that or it is refused
+(431) at once, whether more bytes arrive or not, so a connection never buffers more than a head and one read.
+
 Limits: `max_connections` (kept below the process's RLIMIT_NOFILE); when full, the connection waiting longest
 with no request is closed to admit the new one, so idle floods cannot lock scrapers out. At EMFILE/ENFILE the
 accept loop backs off 5 ms doubling to 1 s like Go's `net/http` `Server.Serve` (never spins), closing the oldest
@@ -23,20 +28,25 @@ import errno
 import http
 import logging
 import queue
+import re
 import resource
 import selectors
 import socket
 import ssl
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import SplitResult, parse_qs, urlsplit
 
 log = logging.getLogger(__name__)
 
 _FD_ERRORS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 _RETRY = (BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSLWantWriteError)
+# Control characters but HTAB: invalid in a request line and in fields (RFC 9110 5.5), refused as Go's server does.
+# A bare CR kept in a value would reach a response header (prometheus_client echoes the Accept version).
+_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 
 
 @dataclass(frozen=True)
@@ -49,6 +59,7 @@ class Limits:
     write_timeout: float = 10.0
     max_head_bytes: int = 16384
     backlog: int = 1024
+    requests_per_turn: int = 4  # pipelined requests a worker serves before the connection queues behind the others
 
 
 @dataclass
@@ -58,14 +69,18 @@ class Request:
     version: str
     headers: dict[str, str]  # names in lower case
     peer: str = ""
+    url: SplitResult = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.url = urlsplit(self.target)  # ValueError for a target that does not split (`//[`): a 400 in parse_head
 
     @property
     def path(self) -> str:
-        return urlsplit(self.target).path
+        return self.url.path
 
     @property
     def query(self) -> dict[str, list[str]]:
-        return parse_qs(urlsplit(self.target).query)
+        return parse_qs(self.url.query)
 
 
 @dataclass
@@ -79,7 +94,7 @@ Handler = Callable[[Request], Response]
 
 
 class _Conn:
-    __slots__ = ("buf", "deadline", "idle", "peer", "sock", "state", "want_write")
+    __slots__ = ("buf", "deadline", "idle", "peer", "scanned", "sock", "start", "state", "want_write")
 
     def __init__(self, sock: socket.socket, peer: str, state: str, deadline: float) -> None:
         self.sock = sock
@@ -87,15 +102,47 @@ class _Conn:
         self.state = state  # "handshake" | "head"
         self.deadline = deadline
         self.buf = bytearray()
+        self.start = 0  # buf[start:] is not consumed yet: requests are taken by offset, not by moving the rest
+        self.scanned = 0  # no head ends before this offset: a search resumes here instead of rescanning
         self.idle = False  # keep-alive, waiting for a next request: its deadline moves at the first byte
         self.want_write = False
 
+    def pending(self) -> int:
+        return len(self.buf) - self.start
 
-def _head_end(buf: bytearray) -> int:
-    """Offset just past the blank line ending the head, or -1 (bare LF lines accepted, RFC 9112 2.2)."""
-    crlf, lf = buf.find(b"\r\n\r\n"), buf.find(b"\n\n")
-    ends = [i + 4 for i in (crlf,) if i >= 0] + [i + 2 for i in (lf,) if i >= 0]
-    return min(ends) if ends else -1
+    def head_end(self) -> int:
+        """Offset just past the blank line ending the next head, or -1 (bare LF lines accepted, RFC 9112 2.2). The
+        search starts where the last one gave up (3 bytes back: an ending split across reads) and looks for `\\n\\n`
+        only before the first CRLF ending, so each byte is scanned a bounded number of times."""
+        begin = max(self.start, self.scanned - 3)
+        crlf = self.buf.find(b"\r\n\r\n", begin)
+        lf = self.buf.find(b"\n\n", begin, crlf + 4 if crlf >= 0 else len(self.buf))
+        ends = [i + 4 for i in (crlf,) if i >= 0] + [i + 2 for i in (lf,) if i >= 0]
+        if not ends:
+            self.scanned = len(self.buf)
+            return -1
+        return min(ends)
+
+    def next_head(self, limit: int) -> int:
+        """End offset of the next head if it is complete and at most `limit` bytes, else -1."""
+        end = self.head_end()
+        return end if self.state == "head" and 0 <= end - self.start <= limit else -1
+
+    def take_head(self, limit: int) -> bytes | None:
+        """The next complete head of at most `limit` bytes, consumed, without its leading empty lines; or None."""
+        end = self.next_head(limit)
+        if end < 0:
+            return None
+        head = bytes(self.buf[self.start:end])
+        self.start = self.scanned = end
+        return head.lstrip(b"\r\n")
+
+    def compact(self) -> None:
+        """Drop the consumed bytes: once per read (at most a head's worth moves), not once per request."""
+        if self.start:
+            del self.buf[:self.start]
+            self.scanned -= self.start
+            self.start = 0
 
 
 class HeadError(Exception):
@@ -105,8 +152,10 @@ class HeadError(Exception):
 
 
 def parse_head(head: bytes, peer: str = "") -> Request:
-    lines = [line.rstrip(b"\r") for line in head.split(b"\n")]
-    parts = lines[0].decode("latin-1").split(" ")
+    lines = [line.removesuffix("\r") for line in head.decode("latin-1").split("\n")]
+    if any(_CONTROL.search(line) for line in lines):
+        raise HeadError(400, "control character in the request head")
+    parts = lines[0].split(" ")
     if len(parts) != 3 or not parts[0].isalpha() or not parts[1]:
         raise HeadError(400, "malformed request line")
     method, target, version = parts
@@ -116,14 +165,17 @@ def parse_head(head: bytes, peer: str = "") -> Request:
     for line in lines[1:]:
         if not line:
             continue
-        name, sep, value = line.decode("latin-1").partition(":")
-        if not sep or not name or name != name.strip() or line[:1] in (b" ", b"\t"):
+        name, sep, value = line.partition(":")
+        if not sep or not name or name != name.strip() or line[:1] in (" ", "\t"):
             raise HeadError(400, "malformed header line")
         key = name.lower()
         headers[key] = f"{headers[key]}, {value.strip()}" if key in headers else value.strip()
     if version == "HTTP/1.1" and "host" not in headers:  # RFC 9112 3.2, as Go's server
         raise HeadError(400, "missing Host header")
-    return Request(method, target, version, headers, peer)
+    try:
+        return Request(method, target, version, headers, peer)
+    except ValueError:
+        raise HeadError(400, "malformed request target") from None
 
 
 def _keep_alive(request: Request) -> bool:
@@ -140,6 +192,8 @@ def serialize(response: Response, head_only: bool, keep: bool) -> bytes:
     lines = [f"HTTP/1.1 {response.status} {phrase}", f"Date: {email.utils.formatdate(usegmt=True)}",
              f"Content-Length: {len(response.body)}"]
     lines += [f"{name}: {value}" for name, value in response.headers]
+    if any(_CONTROL.search(line) for line in lines):  # a line break in a value would start a header of its own
+        raise ValueError(f"control character in a response header: {lines!r}")
     if not keep:
         lines.append("Connection: close")
     head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1", "replace")
@@ -215,6 +269,8 @@ class HttpServer:
         self._accept_resume = 0.0
         self._out_of_fds = False
         self._threads: list[threading.Thread] = []
+        self._failures: set[tuple[type, str, int]] = set()  # kinds of handler errors logged with a traceback
+        self._failures_lock = threading.Lock()
 
     # -- lifecycle ----------------------------------------------------------------------------------------------
 
@@ -348,12 +404,10 @@ class HttpServer:
             pass
         while self._returned:
             conn, keep = self._returned.popleft()
-            if not keep:
-                self._close_returned(conn)  # a worker had it: it is in no selector
-            elif _head_end(conn.buf) >= 0 and conn.state == "head":
-                self._tasks.put(conn)  # pipelined: the next head is already here
+            if keep:
+                self._dispatch(conn)
             else:
-                self._wait(conn)
+                self._close_returned(conn)  # a worker had it: it is in no selector
 
     def _close_returned(self, conn: _Conn) -> None:
         with contextlib.suppress(OSError):
@@ -365,22 +419,30 @@ class HttpServer:
             self._unwait(conn)
             self._tasks.put(conn)
             return
-        if not read_available(conn):
+        if not read_available(conn, self.limits.max_head_bytes):
             self._close(conn)
             return
         self._started(conn)
-        if 0 <= _head_end(conn.buf) <= self.limits.max_head_bytes:
+        self._dispatch(conn)
+
+    def _dispatch(self, conn: _Conn) -> None:
+        """After a read or a worker's turn: a complete head goes to a worker, behind the connections already queued
+        (pipelined ones too); bytes over the head limit without one are refused at once, since nothing more is read
+        for them; else the connection waits (registered once) for more bytes."""
+        if conn.next_head(self.limits.max_head_bytes) >= 0:
             self._unwait(conn)
             self._tasks.put(conn)
-        elif len(conn.buf) > self.limits.max_head_bytes or _head_end(conn.buf) >= 0:
+        elif conn.pending() > self.limits.max_head_bytes:
             _send_quietly(conn.sock, serialize(Response(431, [("Content-Type", "text/plain")], b"Request header "
                                                      b"fields too large.\n"), False, False))
             self._close(conn)
+        elif conn.sock.fileno() not in self._waiting:
+            self._wait(conn)
 
     def _started(self, conn: _Conn) -> None:
         """A keep-alive connection with bytes of a next request: from now on its head has `header_timeout`, so
         a request followed by a trickled partial one cannot stretch the head deadline to the idle timeout."""
-        if conn.idle and conn.buf:
+        if conn.idle and conn.pending():
             conn.idle = False
             conn.deadline = time.monotonic() + self.limits.header_timeout
 
@@ -405,18 +467,18 @@ class HttpServer:
             self._wake()
 
     def _step(self, conn: _Conn) -> bool:
+        """One turn: the handshake's next step, or up to `requests_per_turn` requests; the loop queues it again."""
         if conn.state == "handshake" and not self._handshake(conn):
             return False
-        while conn.state == "head" and (end := _head_end(conn.buf)) >= 0:
-            head = bytes(conn.buf[:end]).lstrip(b"\r\n")
-            del conn.buf[:end]
-            if not head:
-                continue
-            if not self._serve(conn, head):
+        for _ in range(self.limits.requests_per_turn):
+            head = conn.take_head(self.limits.max_head_bytes)
+            if head is None:
+                break
+            if head and not self._serve(conn, head):
                 return False
-            if not read_available(conn):  # TLS may hold decrypted bytes that select() cannot see
-                return False
-            self._started(conn)
+        if not read_available(conn, self.limits.max_head_bytes):  # TLS may hold bytes that select() cannot see
+            return False
+        self._started(conn)
         return True
 
     def _handshake(self, conn: _Conn) -> bool:
@@ -438,7 +500,7 @@ class HttpServer:
         conn.want_write = False
         conn.state = "head"
         conn.deadline = time.monotonic() + self.limits.header_timeout
-        return read_available(conn)
+        return read_available(conn, self.limits.max_head_bytes)
 
     def _serve(self, conn: _Conn, head: bytes) -> bool:
         try:
@@ -447,17 +509,33 @@ class HttpServer:
             response = Response(exc.status, [("Content-Type", "text/plain; charset=utf-8")], f"{exc}.\n".encode())
             _send_quietly(conn.sock, serialize(response, False, False))
             return False
-        keep = _keep_alive(request)
+        keep, head_only = _keep_alive(request), request.method == "HEAD"
         try:
-            response = self.handler(request)
-        except Exception:
-            log.exception("handler failed for %s %s", request.method, request.target)
-            response, keep = Response(500, [("Content-Type", "text/plain; charset=utf-8")], b"Internal error.\n"), False
-        if not self._send(conn, serialize(response, request.method == "HEAD", keep)):
+            data = serialize(self.handler(request), head_only, keep)
+        except Exception as exc:
+            self._failed(request, exc)
+            keep = False
+            data = serialize(Response(500, [("Content-Type", "text/plain; charset=utf-8")], b"Internal error.\n"),
+                             head_only, keep)
+        if not self._send(conn, data):
             return False
         conn.idle = True
         conn.deadline = time.monotonic() + self.limits.idle_timeout
         return keep
+
+    def _failed(self, request: Request, exc: Exception) -> None:
+        """Logged with its traceback once per kind (type and where it was raised), later ones at debug: a client
+        that repeats a failing request must not fill the log."""
+        *_, (frame, line) = traceback.walk_tb(exc.__traceback__)
+        kind = (type(exc), frame.f_code.co_filename, line)
+        with self._failures_lock:
+            first = kind not in self._failures
+            self._failures.add(kind)
+        if first:
+            log.error("handler failed for %s %r (logged once per kind of error)", request.method, request.target,
+                      exc_info=exc)
+        else:
+            log.debug("handler failed for %s %r: %r", request.method, request.target, exc)
 
     def _send(self, conn: _Conn, data: bytes) -> bool:
         try:
@@ -470,9 +548,13 @@ class HttpServer:
         return True
 
 
-def read_available(conn: _Conn) -> bool:
-    """Everything readable now, without blocking; False when the peer closed or failed."""
-    while True:
+def read_available(conn: _Conn, limit: int) -> bool:
+    """What is readable now, without blocking, until over `limit` bytes are unconsumed: a head is complete within
+    them or too large, so one read past the head limit is the most a connection holds. False when the peer closed
+    or failed."""
+    if conn.pending() <= limit:
+        conn.compact()
+    while conn.pending() <= limit:
         try:
             data = conn.sock.recv(65536)
         except _RETRY:
@@ -482,8 +564,7 @@ def read_available(conn: _Conn) -> bool:
         if not data:
             return False
         conn.buf += data
-        if len(conn.buf) > 1 << 20:  # a client that streams bytes: the head cap will refuse it
-            return True
+    return True
 
 
 def _send_quietly(sock: socket.socket, data: bytes) -> None:
