@@ -16,8 +16,9 @@ import pytest
 
 from stallwatch.config.reader import ConfigError
 from support import transcripts as t
+from support.cluster import Node, require_nodes
 from support.configs import parse
-from support.harness import Engine, diagnose, free_port, poll
+from support.harness import Engine, Exporter, Scrape, diagnose, free_port, poll
 from support.sandbox import Cgroup, Netns, require_root
 
 FAST = ("discovery: {enabled: true, interval: 0.2s, forget_after: 30s}\n"
@@ -188,6 +189,39 @@ def _answers(address: str, port: int) -> bool:
     with contextlib.suppress(OSError), urllib.request.urlopen(f"http://{address}:{port}/ready", timeout=1) as r:
         return r.status == 200
     return False
+
+
+# --- 3. discovered servers are capped, in all and per user -----------------------------------------------------
+
+
+@pytest.mark.root
+def test_discovered_servers_are_capped_per_user_and_in_all(tmp_path: Path) -> None:
+    """8 sleeping processes of one user with an engine's argv (the audit's 200, scaled): 5 are watched (its cap),
+    the rest counted skipped and logged once; root's own servers beside them are still found until the cap in all.
+    On a node of its own (support.cluster): the exporter sees no other process of the machine."""
+    require_nodes()
+    node = Node(tmp_path, "capped")
+    try:
+        config = FAST.replace("forget_after: 30s", "forget_after: 30s, max_servers: 7, max_servers_per_user: 5")
+        e = Exporter(node.tmp, config=config, listen_host="0.0.0.0", prefix=node.prefix(), url_host=node.address)
+        ports = list(range(41001, 41012))
+        for i, port in enumerate(ports):
+            subprocess.Popen([*node.prefix(), *(NOBODY if i < 8 else []), *SLEEPER, str(port)],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+        def watched(s: Scrape) -> set[int]:
+            return {port for port in ports if s.value("stallwatch_server_up", server=f"sglang-{port}") == 1}
+
+        scrape = e.wait_for(lambda s: len(watched(s)) == 7 and s.value("stallwatch_discovery_skipped_processes") == 4
+                            and s, timeout=20, what="7 servers watched, 4 skipped")
+        assert len(watched(scrape) & set(ports[:8])) == 5  # the user's cap
+        assert len(watched(scrape) & set(ports[8:])) == 2  # root's, until the cap in all
+        log = e.log.read_text()
+        assert log.count("discovered servers are the cap (discovery.max_servers_per_user)") == 1, log
+        assert log.count("discovered servers are the cap (discovery.max_servers)") == 1, log
+        e.stop()
+    finally:
+        node.close()
 
 
 # --- 10. a main process that execs is read anew; a shell's script is not a server ---------------------------------

@@ -64,6 +64,9 @@ CATALOG: dict[str, Family] = {
     "gpu_unattributed_memory_bytes": Family(
         "gauge", "GPU memory held by processes in no watched server's tree (gone, or someone else's), bytes.", GPU),
     # Process tree
+    "discovery_skipped_processes": Family(
+        "gauge", "Processes with an engine's command line not watched in the last discovery pass: the caps "
+        "discovery.max_servers and max_servers_per_user were reached.", ()),
     "server_up": Family("gauge", "1 when the server's main process is running.", ("server",)),
     "server_start_time_seconds": Family(
         "gauge", "Start time of the server's main process, seconds since the epoch.", ("server",)),

@@ -45,7 +45,9 @@ class ProcessCollector:
             for role in sorted(memory):
                 rss.add_metric([server.name, role], float(memory[role]))
                 threads.add_metric([server.name, role], float(thread_count[role]))
-        yield from (up, start, states, cpu, rss, threads)
+        skipped = family("discovery_skipped_processes")
+        skipped.add_metric([], float(self.watcher.skipped))
+        yield from (up, start, states, cpu, rss, threads, skipped)
 
 
 COLLECTOR = Registration("process", CollectorSettings, lambda runtime, _: ProcessCollector(runtime.watcher),

@@ -107,6 +107,12 @@ def choice(options: tuple[str, ...]) -> Callable[[Any], str]:
     return convert
 
 
+def count(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 100_000:
+        raise ValueError(f"expected a whole number from 1 to 100000, got {value!r}")
+    return value
+
+
 def gpu_index(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError(f"expected a GPU index (0, 1, ...), got {value!r}")

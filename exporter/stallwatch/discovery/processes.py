@@ -4,8 +4,12 @@ CPU totals that never decrease while it lives."""
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
+import threading
+import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -58,6 +62,58 @@ def scan() -> list[Candidate]:
             out.append(Candidate(info["pid"], info["ppid"] or 0, info["create_time"], argv, " ".join(argv)))
     out.sort(key=lambda c: c.create_time)
     return out
+
+
+class ProcessTable:
+    """The parent of every process, read once for all servers' trees at most every `max_age` seconds: psutil's
+    `children(recursive=True)` reads every `/proc/PID/stat` on each call, which made scrapes cost servers x
+    processes (audit 2026-12-01 #3)."""
+
+    def __init__(self, procfs: str, max_age: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.procfs, self.max_age, self._clock = procfs, max_age, clock
+        self._lock = threading.Lock()
+        self._read_at = float("-inf")
+        self._children: dict[int, list[int]] = {}
+
+    def descendants(self, pid: int) -> list[int]:
+        """Every process below `pid`, parents before children."""
+        children = self._current()
+        out, pending = [], list(children.get(pid, ()))
+        while pending:
+            child = pending.pop(0)
+            out.append(child)
+            pending.extend(children.get(child, ()))
+        return out
+
+    def _current(self) -> dict[int, list[int]]:
+        with self._lock:
+            now = self._clock()
+            if now - self._read_at >= self.max_age:
+                self._children, self._read_at = self._read(), now
+            return self._children
+
+    def _read(self) -> dict[int, list[int]]:
+        children: dict[int, list[int]] = defaultdict(list)
+        try:
+            entries = [entry.name for entry in os.scandir(self.procfs) if entry.name.isdigit()]
+        except OSError:
+            return children
+        for name in entries:
+            ppid = _ppid(f"{self.procfs}/{name}/stat")
+            if ppid is not None:
+                children[ppid].append(int(name))
+        return children
+
+
+def _ppid(stat_path: str) -> int | None:
+    """The parent pid in a `/proc/PID/stat` (after the `(comm)` a process can fill with spaces and parentheses)."""
+    try:
+        with open(stat_path, "rb") as handle:
+            data = handle.read(4096)
+        fields = data[data.rindex(b")") + 2:].split()
+        return int(fields[1])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def owner(pid: int) -> int | None:

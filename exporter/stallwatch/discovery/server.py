@@ -19,7 +19,15 @@ import psutil
 from stallwatch.config import Config, Probe, ServerSpec
 from stallwatch.discovery import namespaces, netns
 from stallwatch.discovery.deployment import Member, membership, read_environ
-from stallwatch.discovery.processes import Candidate, CpuLedger, ProcessKey, ProcSample, owner, sample
+from stallwatch.discovery.processes import (
+    Candidate,
+    CpuLedger,
+    ProcessKey,
+    ProcessTable,
+    ProcSample,
+    owner,
+    sample,
+)
 from stallwatch.discovery.workload import LogSource, Workload, log_sources
 from stallwatch.engines import ENGINES
 from stallwatch.engines.base import Engine
@@ -66,8 +74,10 @@ class Launch:
 
 
 class Server:
-    def __init__(self, name: str, spec: ServerSpec, config: Config) -> None:
+    def __init__(self, name: str, spec: ServerSpec, config: Config, table: ProcessTable | None = None) -> None:
+        """`table`: the node's process table, shared by every server of a watcher (one read for all trees)."""
         self.name = name
+        self.table = table or ProcessTable(config.paths.procfs, TREE_CACHE_SECONDS)
         self.spec = spec
         self.engine: Engine = ENGINES[spec.engine].with_rules(spec.rules)
         self._worker_engine = ENGINES[spec.engine].as_worker().with_rules(spec.rules)
@@ -164,10 +174,7 @@ class Server:
         sockets = netns.listeners(procfs, key.pid, launch.port)
         if not sockets:
             return []
-        try:
-            pids = [main.pid, *(child.pid for child in main.children(recursive=True))]
-        except psutil.Error:
-            pids = [main.pid]
+        pids = [main.pid, *self.table.descendants(main.pid)]
         held = netns.socket_inodes(procfs, pids)
         return [s for s in sockets if s.inode in held]
 
@@ -235,12 +242,18 @@ class Server:
         try:
             if not main.is_running():
                 return []
-            children = main.children(recursive=True)
         except psutil.Error:
             return []
         title = self.engine.role_title
         out = [s for s in [sample(main, "main", title)] if s is not None]
-        out += [s for s in (sample(child, None, title) for child in children) if s is not None]
+        for pid in self.table.descendants(main.pid):
+            try:
+                child = psutil.Process(pid)
+            except psutil.Error:
+                continue
+            found = sample(child, None, title)
+            if found is not None:
+                out.append(found)
         return launch.ledger.cap(out)
 
 

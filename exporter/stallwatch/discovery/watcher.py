@@ -16,8 +16,8 @@ from urllib.parse import urlsplit
 
 from stallwatch.config import Config, ServerSpec
 from stallwatch.discovery import processes
-from stallwatch.discovery.processes import Candidate, ProcessKey
-from stallwatch.discovery.server import Server
+from stallwatch.discovery.processes import Candidate, ProcessKey, ProcessTable
+from stallwatch.discovery.server import TREE_CACHE_SECONDS, Server
 from stallwatch.discovery.workload import Workload, locate
 from stallwatch.engines import ENGINES
 from stallwatch.engines.base import Engine
@@ -62,13 +62,17 @@ class Watcher:
         self._gone: dict[str, float] = {}  # discovered servers whose process is gone: since when (clock)
         self._lock = threading.Lock()
         self._servers: dict[str, Server] = {}
+        self._table = ProcessTable(config.paths.procfs, TREE_CACHE_SECONDS)  # one read for every server's tree
         self._listeners: list[Callable[[list[Server]], None]] = []
         self._stop = threading.Event()
         self._next_refresh = 0.0
         self._collisions: set[str] = set()
+        self._capped: set[int | None] = set()  # uids (None: all) whose cap was logged, until they are under it again
+        self.skipped = 0  # processes with an engine's command line left unwatched by the caps, in the last pass
+        self._skipping = 0  # the same, counted in the pass under way
         for index, spec in enumerate(config.servers):
             name = spec.name or _default_name(spec, index)
-            self._servers[name] = Server(name, spec, config)
+            self._servers[name] = Server(name, spec, config, self._table)
         self._configured = list(self._servers.values())
         self._configured_names = set(self._servers)
 
@@ -92,6 +96,7 @@ class Watcher:
             if roots:
                 claimed.add(roots[0].pid)
                 changed |= self._attach(server, roots[0])
+        self._skipping = 0
         if self.config.discovery.enabled:
             for engine in ENGINES.values():
                 if engine.cmdline is None:
@@ -100,6 +105,7 @@ class Watcher:
                     if root.pid not in claimed:
                         claimed.add(root.pid)
                         changed |= self._discovered(engine, root)
+        self.skipped = self._skipping
         for server in self.servers():
             changed |= server.refresh_network()
         changed |= self._forget_gone()
@@ -142,10 +148,32 @@ class Watcher:
             name = self._name(engine, root, workload)
             server = self._servers.get(name)
             if server is None:
+                if self._over_cap(root):
+                    self._skipping += 1
+                    return False
                 spec = ServerSpec(engine=engine.name, stall=self.config.defaults.stall)
-                server = self._servers[name] = Server(name, spec, self.config)
+                server = self._servers[name] = Server(name, spec, self.config, self._table)
                 log.info("discovered %s server %s (pid %d, %s)", engine.name, name, root.pid, workload.runtime)
         return server.attach(root, workload)
+
+    def _over_cap(self, root: Candidate) -> bool:
+        """Whether a new discovered server would pass `discovery.max_servers` or, for its user,
+        `max_servers_per_user` (logged once per cap until it is no longer reached)."""
+        uid = processes.owner(root.pid)
+        discovered = [s for name, s in self._servers.items() if name not in self._configured_names]
+        limits = ((None, len(discovered), self.config.discovery.max_servers),
+                  (uid, sum(1 for s in discovered if s.launch.uid == uid), self.config.discovery.max_servers_per_user))
+        for who, watched, limit in limits:
+            if watched < limit:
+                self._capped.discard(who)
+                continue
+            if who not in self._capped:
+                self._capped.add(who)
+                log.warning("not watching pid %d and later processes %s: %d discovered servers are the cap "
+                            "(discovery.%s)", root.pid, "in all" if who is None else f"of uid {who}", limit,
+                            "max_servers" if who is None else "max_servers_per_user")
+            return True
+        return False
 
     def _name(self, engine: Engine, root: Candidate, workload: Workload) -> str:
         """A name unique on the node and stable across restarts of the same workload: a server by that name
