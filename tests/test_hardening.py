@@ -23,6 +23,7 @@ from stallwatch.config import Config
 from stallwatch.config.reader import ConfigError
 from stallwatch.discovery.watcher import Watcher
 from stallwatch.discovery.workload import LogSource
+from stallwatch.loops import POOL_WORKERS
 from stallwatch.signals.logs import LogFile, LogManager
 from stallwatch.signals.probes import probe
 from support.configs import GOOD, check_config, parse
@@ -197,15 +198,9 @@ def test_probe_url_never_takes_a_name_or_path_from_argv(exporter, engine) -> Non
 # --- 4. discovered servers that are gone are forgotten after a grace period --------------------------------------
 
 
-def _fixed_threads(e: Exporter) -> int:
-    """The exporter's threads less its per-server loops (a probe loop per server and URL, an engine page loop per
-    server): what remains does not depend on how many servers run on the machine, ours or not."""
-    scrape = e.scrape()
-    probes = {(ls["server"], ls["url"]) for ls in scrape.labelsets("stallwatch_probe_failures_total")}
-    servers = {ls["server"] for ls in scrape.labelsets("stallwatch_stall_log_stale_threshold_seconds")}
+def _threads(e: Exporter) -> int:
     status = Path(f"/proc/{e.proc.pid}/status").read_text()
-    threads = int(next(line.split()[1] for line in status.splitlines() if line.startswith("Threads:")))
-    return threads - len(probes) - len(servers)
+    return int(next(line.split()[1] for line in status.splitlines() if line.startswith("Threads:")))
 
 
 def _started(e: Exporter) -> bool:
@@ -220,15 +215,18 @@ def _series_of(scrape: Scrape, names: set[str]) -> list[str]:
 def test_gone_servers_are_dropped_with_their_threads_and_series(exporter, engine) -> None:
     e = exporter(config=FAST)
     poll(lambda: _started(e), what="the exporter to start its loops")
-    fixed = _fixed_threads(e)  # a probe's deadline timer may be in it: the bound is loose, never unreachable
+    # Probes and page fetches run on pools (loops.POOL_WORKERS threads each, and a deadline timer per request in
+    # flight): the exporter's threads never grow with the servers, ours or other ones on the machine.
+    bound = _threads(e) + 4 * POOL_WORKERS
     sims = [engine("llamacpp", llamacpp_healthy(), final="stall", tp=1) for _ in range(30)]
     names = {sim.name for sim in sims}
     e.wait_for(lambda s: names <= {ls["server"] for ls in s.labelsets("stallwatch_probe_failures_total")},
                timeout=30, what="all 30 discovered and probed")
+    assert _threads(e) <= bound
     for sim in sims:
         sim.stop()
     e.wait_for(lambda s: not _series_of(s, names), timeout=30, what="every series dropped")
-    poll(lambda: _fixed_threads(e) <= fixed, timeout=15, what=f"threads back to {fixed} plus probe loops")
+    assert _threads(e) <= bound
 
 
 # --- 5. roles per server capped; exited children's CPU kept ------------------------------------------------------

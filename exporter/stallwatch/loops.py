@@ -1,10 +1,13 @@
 """Background loops: one function called every `interval` seconds until stopped (`run_every`), and one such loop
-per key kept in step with the watched servers (`PerServerLoops`)."""
+per key kept in step with the watched servers, on a bounded pool of threads (`PerServerLoops`)."""
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import logging
 import threading
+import time
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
 from typing import Generic, TypeVar
@@ -44,23 +47,37 @@ def run_every(interval: float, action: Callable[[], None], name: str, stop: thre
     return thread
 
 
+POOL_WORKERS = 8  # threads of one PerServerLoops, however many servers: each step is bounded by its own deadline
+
+
 @dataclass
 class _Loop(Generic[W, S]):
     work: W
     state: S
     stop: threading.Event
+    interval: float
+    name: str
+    due: float = 0.0
 
 
 class PerServerLoops(Generic[K, W, S]):
-    """One loop per key (a server, a server's probe URL) running `step(work, state)` every `interval(work)`.
-    `reconcile` keeps them in step with what is wanted now: a key no longer wanted stops its loop; a key whose work
-    changed (compared with `==`) restarts it with the same state, so the counters it keeps never go back."""
+    """One loop per key (a server, a server's probe URL) running `step(work, state)` every `interval(work)`, on a
+    pool of POOL_WORKERS threads shared by all keys (any user can start processes that are discovered as servers:
+    threads per server would grow with them). `reconcile` keeps them in step with what is wanted now: a key no longer
+    wanted stops its loop; a key whose work changed (compared with `==`) restarts it with the same state, so the
+    counters it keeps never go back. A loop's next step is due `interval` after its last one ended; one loop never
+    runs two steps at once, and the loop due first runs first."""
 
     def __init__(self, step: Callable[[W, S], None], interval: Callable[[W], float], name: Callable[[W], str],
-                 new_state: Callable[[K], S]) -> None:
+                 new_state: Callable[[K], S], workers: int = POOL_WORKERS,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._step, self._interval, self._name, self._new_state = step, interval, name, new_state
-        self._lock = threading.Lock()
+        self._workers, self._clock = workers, clock
+        self._lock = threading.Condition()
         self._loops: dict[K, _Loop[W, S]] = {}
+        self._due: list[tuple[float, int, _Loop[W, S]]] = []  # heap of loops waiting for their next step
+        self._order = itertools.count()
+        self._threads: list[threading.Thread] = []
 
     def reconcile(self, wanted: Mapping[K, W]) -> None:
         with self._lock:
@@ -73,10 +90,41 @@ class PerServerLoops(Generic[K, W, S]):
                 if loop is not None:
                     loop.stop.set()
                 state = loop.state if loop is not None else self._new_state(key)
-                self._loops[key] = _Loop(work, state, threading.Event())
-                run_every(self._interval(work), lambda w=work, s=state: self._step(w, s), self._name(work),
-                          self._loops[key].stop)
+                self._loops[key] = fresh = _Loop(work, state, threading.Event(), self._interval(work),
+                                                 self._name(work))
+                self._schedule(fresh, self._clock())
+            while len(self._threads) < min(self._workers, len(self._loops)):
+                thread = threading.Thread(target=self._work, name=f"loop pool {len(self._threads)}", daemon=True)
+                self._threads.append(thread)
+                thread.start()
 
     def states(self) -> list[S]:
         with self._lock:
             return [loop.state for loop in self._loops.values()]
+
+    def _schedule(self, loop: _Loop[W, S], due: float) -> None:
+        loop.due = due
+        heapq.heappush(self._due, (due, next(self._order), loop))
+        self._lock.notify()
+
+    def _next(self) -> _Loop[W, S]:
+        """The loop due first, once it is due (stopped ones are dropped)."""
+        with self._lock:
+            while True:
+                while self._due and self._due[0][2].stop.is_set():
+                    heapq.heappop(self._due)
+                wait = self._due[0][0] - self._clock() if self._due else None
+                if wait is not None and wait <= 0:
+                    return heapq.heappop(self._due)[2]
+                self._lock.wait(wait)
+
+    def _work(self) -> None:
+        while True:
+            loop = self._next()
+            try:
+                self._step(loop.work, loop.state)
+            except Exception:
+                log.exception("%s failed", loop.name)
+            with self._lock:
+                if not loop.stop.is_set():
+                    self._schedule(loop, self._clock() + loop.interval)
