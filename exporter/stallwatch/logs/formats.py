@@ -261,6 +261,7 @@ _DOCKER_TAIL = rb'\\n","stream":"std(?:out|err)",(?:"time"|' + _DOCKER_ATTRS + r
 _DOCKER_SEPARATOR = re.compile(_DOCKER_TAIL + rb'\{"log":"')  # from one record's final `\n"` to the next's body
 _DOCKER_LAST = re.compile(rb"(.*)" + _DOCKER_TAIL, re.S)
 _DOCKER_HEAD = b'{"log":"'
+_DOCKER_STREAMS = ("stdout", "stderr")  # all that dockerd writes
 _ODD_SURROGATE = re.compile("[\ud800-\udc7f\udd00-\udfff]")  # what surrogateescape cannot turn back into a byte
 
 
@@ -277,8 +278,9 @@ class DockerJsonDecoder(_LineFramed):
     """Docker's json-file driver (`/var/lib/docker/containers/<id>/<id>-json.log`).
 
     Records whose `log` lacks the final newline are pieces of one long line: they are joined per stream until one
-    ends with a newline. Invalid JSON, a non-object, or a missing or non-string `log` skips the record and counts
-    in `errors`. Bytes that are not UTF-8 (Docker writes none) pass through unchanged.
+    ends with a newline. Invalid JSON, a non-object, a missing or non-string `log`, or a `stream` other than Docker's
+    two (each would keep its own pieces) skips the record and counts in `errors`. Bytes that are not UTF-8 (Docker
+    writes none) pass through unchanged.
     """
 
     def _records(self, data: bytes, start: int, end: int) -> list[bytes]:
@@ -322,12 +324,11 @@ class DockerJsonDecoder(_LineFramed):
         except (ValueError, RecursionError):
             record = None
         text = record.get("log") if isinstance(record, dict) else None
-        if not isinstance(text, str):
+        stream = record.get("stream") if isinstance(record, dict) else None
+        if not isinstance(text, str) or stream not in _DOCKER_STREAMS:
             self.errors += 1
             return
-        stream = record.get("stream")
-        key = _encode(stream) if isinstance(stream, str) else b""
-        content = _encode(text)
+        key, content = stream.encode(), _encode(text)
         if content.endswith(b"\n"):
             self._final(key, content[:-1], out)
         else:

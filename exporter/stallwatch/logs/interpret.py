@@ -11,14 +11,19 @@ import re
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from stallwatch.engines.base import EVENTS, Engine, Figures
+from stallwatch.engines.base import EVENTS, Engine, Figures, Rule
 from stallwatch.logs.formats import ANSI
-from stallwatch.logs.prefilter import SHARDS, Compiled, compile_rules, strip_groups
+from stallwatch.logs.prefilter import SHARDS, compile_rules, line_bounds, strip_groups
 from stallwatch.logs.stats_lines import StatsLineIntegrator
+
+# Lines of one block that the prefilter picks, at most: each costs microseconds in Python, and a log of nothing
+# but notable lines (a hostile file, a flood of tracebacks) must not hold the log thread. Those past it in the
+# block are not interpreted. (Rules without a prefilter read every line, as configured.)
+MAX_CANDIDATE_LINES = 4096
 
 
 class Matcher:
@@ -34,14 +39,11 @@ class Matcher:
             r.launch or r.stop or r.phase == "failed" or r.event)], None)
         self.routine_lines = engine.routine_lines
         self.heartbeats = engine.heartbeats
+        # A whole line that holds a heartbeat, from its start (`\n`, `\r` or the block's), so one `sub` drops them.
+        self.heartbeat_lines = None if engine.heartbeats is None else re.compile(
+            rb"(?<![^\r\n])[^\r\n]*?(?:" + engine.heartbeats.pattern + rb")[^\r\n]*")
         launch = [strip_groups(r.pattern.pattern) for r in rules if r.launch]
         self.launch = re.compile(b"|".join(launch) or b"(?!)", re.MULTILINE)
-
-
-def _line_end(block: bytes, start: int) -> int:
-    newline, carriage = block.find(b"\n", start), block.find(b"\r", start)
-    ends = [e for e in (newline, carriage) if e >= 0]
-    return min(ends) if ends else len(block)
 
 
 class PhaseSnapshot(NamedTuple):
@@ -109,59 +111,68 @@ class LogInterpreter:
             stats = self.stats.read(block) if count_events and self.stats.lines else []
             if self.phase == "serving" and self.matcher.routine_lines is not None:
                 block = self.matcher.routine_lines.sub(b"", block)
-            self._scan(block, count_events)
+            events = self._scan(block, count_events)
+            if events:
+                self._count(events)
             if stats:
                 self.stats.apply(stats, self._wall())
 
-    def _scan(self, block: bytes, count_events: bool) -> None:
-        pos, size = 0, len(block)
-        while pos < size:
+    def _scan(self, block: bytes, count_events: bool) -> list[str]:
+        """Run the candidate lines through the rules; the events they count, one per line and event."""
+        events: list[str] = []
+        pos, size, candidates = 0, len(block), 0
+        newline = -1  # the first `\n` at or after the last hit; `size` when there is none
+        while pos < size and candidates < MAX_CANDIDATE_LINES:
             compiled = self.matcher.serving if self.phase == "serving" else self.matcher.startup
             if compiled.prefilter is None:
-                start = pos
+                at = pos
             else:
                 hit = compiled.prefilter.search(block, pos)
                 if hit is None:
-                    return
-                start = max(block.rfind(b"\n", 0, hit.start()), block.rfind(b"\r", 0, hit.start())) + 1
-            end = _line_end(block, start)
-            self._line(compiled, block, start, end, count_events)
+                    break
+                at, candidates = hit.start(), candidates + 1
+            if newline < at:  # kept between hits: a block without `\n` after them is searched once, not per hit
+                newline = block.find(b"\n", at)
+                newline = size if newline < 0 else newline
+            start, end = line_bounds(block, pos, at, newline)
+            events += self._line(compiled.matches(block, start, end, at), compiled.rules, count_events)
             pos = end + 1
+        return events
 
     def _progress(self, block: bytes) -> None:
         """A block with a line that is not a heartbeat is progress (a replayed one is dated by `recovered`)."""
-        heartbeats = self.matcher.heartbeats
-        if heartbeats is None or heartbeats.search(block) is None:
-            progress = bool(block) and not block.isspace()
-        else:
-            progress = any(line.strip() and heartbeats.search(line) is None for line in block.splitlines())
-        if progress:
+        heartbeats, lines = self.matcher.heartbeats, self.matcher.heartbeat_lines
+        if heartbeats is not None and lines is not None and heartbeats.search(block) is not None:
+            block = lines.sub(b"", block)  # what is left is the lines that are not heartbeats
+        if block and not block.isspace():
             self.last_progress = self._wall()
 
-    def _line(self, compiled: Compiled, block: bytes, start: int, end: int, count_events: bool) -> None:
+    def _line(self, matches: Iterator[tuple[str, re.Match[bytes]]], rules: dict[str, Rule],
+              count_events: bool) -> set[str]:
         seen: set[str] = set()
-        for match in compiled.regex.finditer(block, start, end):
-            group = match.lastgroup
+        for group, match in matches:
             if group == SHARDS:
                 self._shards(match.group(0))
                 self._line_phase("loading_weights", count_events)
                 continue
-            r = compiled.rules[group]  # type: ignore[index]
+            r = rules[group]
             if r.stop and self.phase != "failed":
                 self.stopping = True
             if self.stopping and (r.event == "fatal" or r.phase == "failed"):
                 continue  # the engine's own shutdown (children ended by its SIGTERM), not a crash
-            if r.event and count_events and r.event not in seen:  # one count per line and event
+            if r.event and count_events:  # one count per line and event
                 seen.add(r.event)
-                self._count(r.event)
             if r.event == "fatal":
                 self.fatal_in_launch = True
             if r.phase is not None:
                 self._line_phase(r.phase, count_events, r.launch)
+        return seen
 
-    def _count(self, event: str) -> None:
-        self.events[event] += 1
-        self.last_events_at[event] = self._wall()
+    def _count(self, events: list[str]) -> None:
+        """Count a block's events at once: one clock read for the block, not one per line."""
+        self.events.update(events)
+        now = self._wall()
+        self.last_events_at.update(dict.fromkeys(events, now))
 
     def _shards(self, text: bytes) -> None:
         found = self.matcher.shards.search(text) if self.matcher.shards else None
@@ -185,7 +196,7 @@ class LogInterpreter:
     def _launch(self, count_restart: bool) -> None:
         self.launches += 1
         if self.launches > 1 and count_restart:
-            self._count("server_restart")
+            self._count(["server_restart"])
         self.last_launch = self._wall()
         self.shards = ShardBars()
         self.fatal_in_launch = self.stopping = self.banner_seen = False

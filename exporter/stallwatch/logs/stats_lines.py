@@ -11,14 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from stallwatch.engines.base import Figures, StatsLine
+from stallwatch.logs.prefilter import line_bounds
 
 MAX_STATS_LINES = 64  # per block, read back from its end: the last line of each rank
-
-
-def _line_bounds(block: bytes, at: int) -> tuple[int, int]:
-    start = max(block.rfind(b"\n", 0, at), block.rfind(b"\r", 0, at)) + 1
-    ends = [e for e in (block.find(b"\n", at), block.find(b"\r", at)) if e >= 0]
-    return start, min(ends) if ends else len(block)
 
 
 def last_stats(block: bytes, line: StatsLine) -> dict[bytes, tuple[int, int, float]]:
@@ -30,7 +25,8 @@ def last_stats(block: bytes, line: StatsLine) -> dict[bytes, tuple[int, int, flo
         at = block.rfind(line.anchor, 0, pos)
         if at < 0:
             break
-        start, end = _line_bounds(block, at)
+        newline = block.find(b"\n", at)
+        start, end = line_bounds(block, 0, at, len(block) if newline < 0 else newline)
         pos = start
         match = line.pattern.search(block, start, end)
         if match is None:

@@ -34,7 +34,9 @@ log = logging.getLogger(__name__)
 CHUNK_BYTES = 1 << 20
 MAX_PARTIAL_BYTES = 1 << 20  # of an unfinished line kept for matching; the rest is counted, not kept
 RECOVERY_BYTES = 64 << 20  # how far back from the end a restarted exporter looks for the last launch
-READ_BUDGET_BYTES = 64 << 20  # per file and poll, so one busy file cannot starve the others
+# Of reading and matching per file and pass of a started follower, so that one file (a flood, a hostile one)
+# cannot starve the others: a file left behind gets its next turn in the next pass, which comes at once.
+READ_BUDGET_SECONDS = 0.05
 MIN_POLL_GAP = 0.05
 
 
@@ -87,7 +89,8 @@ class _Log:
     def retarget(self, source: LogSource) -> None:
         self.source = source
 
-    def poll(self) -> None:
+    def poll(self, deadline: float | None = None) -> bool:
+        """Read what is new, until `deadline` (monotonic) when given: whether some is left to read."""
         raise NotImplementedError
 
     def close(self) -> None:
@@ -104,11 +107,12 @@ class JournalLog(_Log):
         self._started = started
         self._reader = JournalReader(source.journal_match, since, directory=directory)
 
-    def poll(self) -> None:
+    def poll(self, deadline: float | None = None) -> bool:
+        """The reader's own byte budget bounds a call (`logs.journal`)."""
         entries = self._reader.read()
         if not self._reader.up and not entries:
             self.mark_down(OSError(errno.EIO, f"journalctl: {self._reader.error or 'not running'}"))
-            return
+            return False
         self.mark_up()
         for new, group in itertools.groupby(entries, key=lambda entry: entry[0] >= self._started):
             block = [message for _, message in group]
@@ -121,9 +125,16 @@ class JournalLog(_Log):
             self.last_growth = max(self.last_growth or 0.0, entries[-1][0])
             if self.last_growth < self._started:
                 self.interpreter.recovered(self.last_growth)
+        return False
 
     def close(self) -> None:
         self._reader.close()
+
+
+@dataclass(frozen=True)
+class _Replay:
+    end: int  # the file's size when it was opened: what lies before is old news, replayed
+    mtime: float
 
 
 class LogFile(_Log):
@@ -131,15 +142,21 @@ class LogFile(_Log):
     interpreter, bytes and lines see the engine's own output without the runtime's framing."""
 
     def __init__(self, server: str, source: LogSource, interpreter: LogInterpreter,
-                 wall: Callable[[], float] = time.time, recover: bool = True, recover_events: bool = False) -> None:
+                 wall: Callable[[], float] = time.time, recover: bool = True, recover_events: bool = False,
+                 replayed: Callable[[tuple[int, int]], bool] = lambda ident: False) -> None:
+        """`replayed(ident)`: whether another follower already replayed that (device, inode), which this one then
+        reads from its end (the processes of several servers can share one stdout file)."""
         super().__init__(server, source, interpreter)
         self._wall = wall
         self._decoder = decoder_for(source.format)
         self._recover = recover
         self._recover_events = recover_events
+        self._replayed = replayed
+        self._replay: _Replay | None = None
         self._fd: int | None = None
-        self._ident: tuple[int, int] | None = None
+        self.ident: tuple[int, int] | None = None
         self._offset = 0
+        self._seen = 0  # the size last seen: a larger one is growth, however far behind the reading is
         self._partial = bytearray()
         self._overlong = False
 
@@ -149,37 +166,50 @@ class LogFile(_Log):
             self.source = source
             self._decoder = decoder_for(source.format)
 
-    def poll(self) -> None:
+    def poll(self, deadline: float | None = None) -> bool:
         if self.source.unavailable:
             self.mark_down(OSError(errno.ENOTSUP, self.source.unavailable))
-            return
+            return False
         try:
             st = os.stat(self.source.open_path)
         except OSError as exc:
             self.mark_down(exc)
-            if self._fd is not None:
-                self._read_to_end(self._fd)  # deleted, but the writer may still hold it open
-            return
+            # Deleted, but the writer may still hold it open.
+            return self._fd is not None and self._drain(self._fd, deadline)
         if not stat.S_ISREG(st.st_mode):  # a FIFO would block the follower, a directory cannot be read
             self.mark_down(OSError(errno.EINVAL, "not a regular file"))
-            return
-        if (st.st_dev, st.st_ino) != self._ident:
-            self._switch(st)
+            return False
+        if (st.st_dev, st.st_ino) != self.ident:
+            self._switch(st, deadline)
         assert self._fd is not None
         size = os.fstat(self._fd).st_size
         if size < self._offset:  # copytruncate: start over at the top
-            self._offset = 0
+            self._offset = self._seen = 0
+            self._replay = None
             self._partial.clear()
             self._overlong = False
             self._decoder.reset()
         self.size = size
-        if self._read_to_end(self._fd):
-            self.mark_up()
+        self._note_size(size)
+        try:
+            behind = self._read(self._fd, deadline)
+        except OSError as exc:
+            self.mark_down(exc)
+            return False
+        self.mark_up()
+        return behind
 
-    def _switch(self, st: os.stat_result) -> None:
-        """Open the file now at `path`; the previous one (rotated away) is read to its end first."""
+    def _note_size(self, size: int) -> None:
+        """The log grew when its size did, not when its bytes are read (which may come later)."""
+        if size > self._seen:
+            self.last_growth = self._wall()
+        self._seen = size
+
+    def _switch(self, st: os.stat_result, deadline: float | None = None) -> None:
+        """Open the file now at `path`; the previous one (rotated away) is read to its end first, or as far as
+        the deadline allows (the rest is dropped with it)."""
         if self._fd is not None:
-            self._read_to_end(self._fd)
+            self._drain(self._fd, deadline)
             self._flush_partial()
             os.close(self._fd)
             self._fd = None
@@ -187,56 +217,73 @@ class LogFile(_Log):
         # Size and up before the replay: a scrape never sees what the file says without the file's own figures.
         size = self.size = os.fstat(fd).st_size
         self.mark_up()
-        self._fd, self._ident, self._offset = fd, (st.st_dev, st.st_ino), 0
+        ident = (st.st_dev, st.st_ino)
+        replayed = self._recover and self._replayed(ident)  # asked before this follower holds it too
+        self._fd, self.ident, self._offset, self._seen, self._replay = fd, ident, 0, 0, None
         self._partial.clear()
         self._overlong = False
         self._decoder.reset()
         if self._recover:
             self._recover = False
-            self._replay_tail(fd, size)
+            self._seen = size
             self.last_growth = st.st_mtime
-            self.interpreter.recovered(st.st_mtime)
+            if replayed:
+                self._offset = size
+            else:
+                self._offset = self._replay_start(fd, size)
+                self._replay = _Replay(size, st.st_mtime)
 
-    def _replay_tail(self, fd: int, size: int) -> None:
-        """Replay an existing file from the window (at most a chunk) that holds its last launch marker. Its
-        events count only when the server was launched after the exporter started (found by discovery a little
-        late); otherwise they are old news."""
+    def _replay_start(self, fd: int, size: int) -> int:
+        """Where to replay an existing file from: the window (at most a chunk) that holds its last launch marker.
+        Its events count only when the server was launched after the exporter started (found by discovery a
+        little late); otherwise they are old news."""
         floor = max(0, size - RECOVERY_BYTES)
-        start, end = floor, size
+        end = size
         while end > floor:
             begin = max(floor, end - CHUNK_BYTES)
             window = os.pread(fd, end - begin + 4096, begin)  # overlap: a marker across two chunks
             if self.interpreter.has_launch(decoder_for(self.source.format).decode(window)):
-                start = begin if begin == floor else begin + window.find(b"\n") + 1  # from a whole record
-                break
+                return begin if begin == floor else begin + window.find(b"\n") + 1  # from a whole record
             end = begin
-        self._offset = start
-        while self._offset < size:
-            data = os.pread(fd, min(CHUNK_BYTES, size - self._offset), self._offset)
-            if not data:
-                break
-            self._offset += len(data)
-            self._consume(self._decoder.decode(data), count=self._recover_events)
-        self._flush_partial(count=self._recover_events)
+        return floor
 
-    def _read_to_end(self, fd: int) -> bool:
-        budget = READ_BUDGET_BYTES
-        while budget > 0:
-            try:
-                data = os.pread(fd, CHUNK_BYTES, self._offset)
-            except OSError as exc:
-                self.mark_down(exc)
-                return False
+    def _read(self, fd: int, deadline: float | None) -> bool:
+        """Read on from the offset (what is left of the replay first) to the file's end, or until `deadline`:
+        whether some is left to read."""
+        while True:
+            replay = self._replay
+            if replay is not None and self._offset >= replay.end:
+                self._end_replay(replay)
+                replay = None
+            want = CHUNK_BYTES if replay is None else min(CHUNK_BYTES, replay.end - self._offset)
+            data = os.pread(fd, want, self._offset)
             if not data:
-                return True
+                if replay is None:
+                    return False
+                self._end_replay(replay)  # truncated under the replay: the next poll starts over
+                continue
             self._offset += len(data)
-            budget -= len(data)
             text = self._decoder.decode(data)
-            self.read_bytes += len(text)
-            self.lines += text.count(b"\n")
-            self.last_growth = self._wall()
-            self._consume(text, count=True)
-        return True
+            if replay is None:
+                self.read_bytes += len(text)
+                self.lines += text.count(b"\n")
+            self._consume(text, count=replay is None or self._recover_events)
+            if deadline is not None and time.monotonic() >= deadline:
+                return True
+
+    def _end_replay(self, replay: _Replay) -> None:
+        self._flush_partial(count=self._recover_events)
+        self.interpreter.recovered(replay.mtime)
+        self._replay = None
+
+    def _drain(self, fd: int, deadline: float | None) -> bool:
+        """Read a file that is no longer at `path` on, as it still grows: whether some is left to read."""
+        try:
+            self._note_size(os.fstat(fd).st_size)
+            return self._read(fd, deadline)
+        except OSError as exc:
+            self.mark_down(exc)
+            return False
 
     def _consume(self, data: bytes, count: bool) -> None:
         """Hand complete lines (ended by \\n, or \\r for progress bars) to the interpreter; keep the rest."""
@@ -328,6 +375,7 @@ class LogManager:
         self._replay_events = replay_events
         self.poll_interval = poll_interval
         self._wall = wall
+        self._budget: float | None = None  # per file and pass; set by `start`: a one-shot reader reads it all
         # A pass takes milliseconds (reads are budgeted per file): one this late means the loop is stuck.
         self.stale_after = stale_after if stale_after is not None else max(60.0, 10 * poll_interval)
         self._thread: threading.Thread | None = None
@@ -355,7 +403,8 @@ class LogManager:
         if age > self.stale_after:
             raise RuntimeError(f"the log follower has not finished a pass for {age:.0f}s")
 
-    def poll(self) -> None:
+    def poll(self) -> bool:
+        """One pass over every watched server's logs: whether some file was left with more to read."""
         servers = self.watcher.servers()
         wanted = {(s.name, source.path): (s, source) for s in servers for source in _expand(s.launch.log_sources)}
         with self._lock:
@@ -375,11 +424,14 @@ class LogManager:
                 # rests on a boot time in whole seconds: allow for that.
                 launched_since = self._replay_events or (process is not None and launch >= self._started - 2.0)
                 self._files[key] = LogFile(server.name, source, server.interpreter, self._wall,
-                                           recover=os.path.exists(source.open_path), recover_events=launched_since)
+                                           recover=os.path.exists(source.open_path), recover_events=launched_since,
+                                           replayed=self._followed)
             files = list(self._files.values())
+        behind = False
         for f in files:
+            deadline = None if self._budget is None else time.monotonic() + self._budget
             try:
-                f.poll()
+                behind = f.poll(deadline) or behind
             except Exception as exc:  # whatever one file does (OSError, a NUL in its path) is that file's log_up 0
                 f.mark_down(exc)
         # The configured paths' directories too: a file that does not exist yet wakes us when it appears.
@@ -387,6 +439,12 @@ class LogManager:
         self._watch({os.path.dirname(os.path.abspath(source.open_path)) for s in servers
                      for source in s.launch.log_sources
                      if source.open_path and not source.open_path.startswith(procfs)})
+        return behind
+
+    def _followed(self, ident: tuple[int, int]) -> bool:
+        """Whether a file followed now is that (device, inode): its replay was the one there is."""
+        with self._lock:
+            return any(isinstance(f, LogFile) and f.ident == ident for f in self._files.values())
 
     def close(self) -> None:
         """Close every file (a one-shot reader that never started the loop)."""
@@ -418,6 +476,7 @@ class LogManager:
         except OSError as exc:
             log.warning("inotify unavailable (%s); polling logs every %.1fs", exc, self.poll_interval)
         self._heartbeat = time.monotonic()
+        self._budget = READ_BUDGET_SECONDS  # one thread for every file now
         self._thread = run_every(self.poll_interval, self._pass, "log follower", self._stop, wake=self._wake,
                                  settle=MIN_POLL_GAP)  # one read for a burst of inotify events
 
@@ -428,8 +487,12 @@ class LogManager:
             self._observer.stop()
 
     def _pass(self) -> None:
-        self.poll()
-        self._heartbeat = time.monotonic()
+        """Passes until no file is left behind (each has its budget in turn), not one per wake-up: a backlog is
+        caught up on at once."""
+        behind = True
+        while behind and not self._stop.is_set():
+            behind = self.poll()
+            self._heartbeat = time.monotonic()
 
 
 def _expand(sources: tuple[LogSource, ...]) -> list[LogSource]:
