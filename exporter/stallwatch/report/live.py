@@ -2,7 +2,7 @@
 `stallwatch diagnose` (`observe.assemble`), with CPU seconds and tokens over the last minute of the history ring,
 the background prober's last results and the engine page loop's last figures, so a page view sends nothing to the
 server. Log lines and Python stacks are gathered only with `web.show_evidence`; stacks at most every
-STACK_TTL_SECONDS per server, one `py-spy` run at a time.
+STACK_TTL_SECONDS per server, one `py-spy` round per server at a time (a page never waits for another server's).
 """
 
 from __future__ import annotations
@@ -40,7 +40,8 @@ class StatusPages:
         self.runtime, self._wall = runtime, wall
         self.evidence = runtime.config.web.show_evidence
         self._stacks: dict[str, tuple[float, list[StackGroup]]] = {}
-        self._stack_lock = threading.Lock()
+        self._stack_locks: dict[str, threading.Lock] = {}  # per server, as long as it is watched
+        self._locks_lock = threading.Lock()
 
     def find(self, name: str) -> Server | None:
         """The server of that name; a name from an alert's label may be the printable form of the real one."""
@@ -74,12 +75,21 @@ class StatusPages:
         return StatusView(assemble(server, seen), points, self.evidence)
 
     def _stacks_of(self, server: Server, processes: list[ProcessInfo]) -> list[StackGroup]:
-        with self._stack_lock:  # one py-spy round at a time: a page reload cannot pile them up
+        with self._stack_lock(server.name):  # one py-spy round per server at a time: reloads cannot pile them up
             taken, groups = self._stacks.get(server.name, (float("-inf"), []))
             if time.monotonic() - taken >= STACK_TTL_SECONDS:
                 groups = stacks(processes)
                 self._stacks[server.name] = (time.monotonic(), groups)
             return groups
+
+    def _stack_lock(self, name: str) -> threading.Lock:
+        """The lock of a server's py-spy rounds; those and the stacks of servers no longer watched are dropped."""
+        watched = {s.name for s in self.runtime.watcher.servers()}
+        with self._locks_lock:
+            for gone in (set(self._stack_locks) | set(self._stacks)) - watched:
+                self._stack_locks.pop(gone, None)
+                self._stacks.pop(gone, None)
+            return self._stack_locks.setdefault(name, threading.Lock())
 
     def _probes(self, server: Server) -> list[ProbeInfo]:
         prober = self.runtime.probes

@@ -1,5 +1,7 @@
 """Python stacks of a server's processes from `py-spy dump`, grouped where identical (TP ranks), with the frames
-that wait marked."""
+that wait marked. Another user's process decides how much py-spy prints (thousands of threads, frames deep): at most
+MAX_OUTPUT_BYTES of it are read, and MAX_THREADS threads of MAX_FRAMES frames each are kept (py-spy prints the main
+thread first, and each thread's innermost frame, where it waits, first)."""
 
 from __future__ import annotations
 
@@ -10,13 +12,17 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from stallwatch.report.model import Frame, ProcessInfo, StackGroup, ThreadStack
-from stallwatch.text import printable
+from stallwatch.text import terminal_safe
 
 PYSPY_TIMEOUT = 10.0
+MAX_OUTPUT_BYTES = 256 << 10
+MAX_THREADS = 64
+MAX_FRAMES = 64
 # Frames that show a process waiting: collectives, graph capture, queues, locks, sockets, sleeps.
 WAIT_FRAME = re.compile(
     r"nccl|all_reduce|all_gather|reduce_scatter|broadcast|barrier|capture|recv|(^|_)get$|acquire|wait|sleep"
@@ -38,29 +44,57 @@ def dump(pid: int, binary: str | None) -> tuple[list[ThreadStack], str]:
     if binary is None:
         return [], "py-spy is not installed"
     try:
-        out = subprocess.run([binary, "dump", "--pid", str(pid)], capture_output=True, text=True,
-                             timeout=PYSPY_TIMEOUT, errors="replace")
-    except subprocess.TimeoutExpired:
-        return [], f"py-spy timed out after {PYSPY_TIMEOUT:.0f}s"
+        status, out = _run([binary, "dump", "--pid", str(pid)])
     except OSError as exc:
         return [], f"py-spy could not run: {exc.strerror or exc}"
-    if out.returncode != 0:
-        lines = (out.stderr or out.stdout).strip().splitlines()
-        return [], "py-spy failed: " + (lines[-1] if lines else f"exit {out.returncode}")
-    return parse_dump(out.stdout), ""
+    if status is None:
+        return [], f"py-spy timed out after {PYSPY_TIMEOUT:.0f}s"
+    text = out.decode("utf-8", "replace")
+    if status != 0 and len(out) < MAX_OUTPUT_BYTES:  # ended by us at the bound: what it printed is good
+        lines = text.strip().splitlines()
+        return [], "py-spy failed: " + terminal_safe(lines[-1] if lines else f"exit {status}")
+    return parse_dump(text), ""
+
+
+def _run(argv: list[str]) -> tuple[int | None, bytes]:
+    """The exit status of `argv` (None: killed at PYSPY_TIMEOUT) and the first MAX_OUTPUT_BYTES of its stdout and
+    stderr; it is killed once that much came."""
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    expired = threading.Event()
+
+    def expire() -> None:
+        expired.set()
+        proc.kill()
+
+    timer = threading.Timer(PYSPY_TIMEOUT, expire)
+    timer.start()
+    try:
+        assert proc.stdout is not None
+        with proc.stdout:
+            out = proc.stdout.read(MAX_OUTPUT_BYTES)
+    finally:
+        timer.cancel()
+        if proc.poll() is None:
+            proc.kill()
+        status = proc.wait()
+    return (None if expired.is_set() else status), out
 
 
 def parse_dump(text: str) -> list[ThreadStack]:
+    """Threads and frames of py-spy's output, at most MAX_THREADS of MAX_FRAMES each; names, which their process
+    chose, without control characters."""
     threads: list[ThreadStack] = []
     for line in text.splitlines():
         thread = THREAD_LINE.match(line)
         if thread:
-            threads.append(ThreadStack(printable(thread.group(3)), thread.group(2), []))
+            if len(threads) == MAX_THREADS:
+                break
+            threads.append(ThreadStack(terminal_safe(thread.group(3)), terminal_safe(thread.group(2)), []))
             continue
         frame = FRAME_LINE.match(line)
-        if frame and threads:
-            function = frame.group(1)
-            threads[-1].frames.append(Frame(function, frame.group(2), bool(WAIT_FRAME.search(function))))
+        if frame and threads and len(threads[-1].frames) < MAX_FRAMES:
+            function = terminal_safe(frame.group(1))
+            threads[-1].frames.append(Frame(function, terminal_safe(frame.group(2)), bool(WAIT_FRAME.search(function))))
     return threads
 
 
