@@ -139,7 +139,7 @@ def _engine_text(e: EngineInfo) -> str:
             f": {e.error}" if e.error else "")
     made = "not measured" if e.tokens_in_window is None else f"{e.tokens_in_window:.0f}"
     return (f"engine figures (from its {e.source}): running {e.running:.0f}, waiting {e.waiting:.0f}, "
-            f"tokens {e.tokens:.0f} (in the window: {made})")
+            f"tokens {e.tokens:.0f} (in the window: {made})" + (f"; its /metrics page: {e.error}" if e.error else ""))
 
 
 def _log_text(log: LogInfo, evidence: bool) -> str:

@@ -4,23 +4,23 @@ engine's figures read from it: requests running and waiting and tokens generated
 The address is the health probe's (`Launch.probes`: an address of the server's own) with the engine's metrics
 path; a derived one is fetched only while the server's own tree listens on the port, as the probe is. One deadline
 covers each request and at most MAX_BODY_BYTES of a page are read (a real vLLM page is a few hundred KB): a larger
-one counts as a failed fetch. A server that listens on loopback only inside its own network namespace is not
-fetched (no `engine_metrics_up` sample: unknown), nor one whose engine serves no page or was started without the
-flag that turns it on.
+one counts as a failed fetch, and so does one with more than MAX_SAMPLES samples of one family. The page is read line
+by line, summing as it goes, never as a parsed model of the whole page (tiny series would cost ten times its size). A
+server that listens on loopback only inside its own network namespace is not fetched (no `engine_metrics_up` sample:
+unknown), nor one whose engine serves no page or was started without the flag that turns it on.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import re
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 from urllib.parse import urlsplit
-
-from prometheus_client.parser import text_string_to_metric_families
 
 from stallwatch.config import CollectorSettings
 from stallwatch.config.reader import setting
@@ -33,6 +33,12 @@ from stallwatch.signals.probes import fetch
 log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 4 << 20
+MAX_SAMPLES = 1024  # of one family: a real engine has one per rank or DP engine
+# The text format (prometheus/docs exposition_formats.md): `name{label="value",...} value [timestamp]`.
+_PAIR = rb'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\\n]|\\.)*)"'
+_PAIRS = re.compile(_PAIR)
+_SAMPLE = re.compile(rb"(?:\{(?P<labels>(?:" + _PAIR + rb"[ \t]*,?[ \t]*)*)\})?"
+                     rb"[ \t]+(?P<value>\S+)(?:[ \t]+-?\d+)?[ \t\r]*")  # the rest of a line after the name
 
 
 @dataclass(frozen=True)
@@ -43,48 +49,49 @@ class EngineMetricsSettings(CollectorSettings):
     timeout: float = setting(positive_duration, 5.0)  # one deadline for each fetch
 
 
-def _wanted_lines(text: str, names: Sequence[str]) -> str:
-    """Only the lines of our families (samples, `# TYPE`, `# HELP`): a vLLM page holds hundreds of KB of
-    histograms that the parser need not read."""
-    prefixes = tuple(names) + tuple(f"# {kind} {name}" for kind in ("TYPE", "HELP") for name in names)
-    return "\n".join(line for line in text.splitlines() if line.startswith(prefixes)) + "\n"
+_Groups = dict[tuple[tuple[bytes, bytes], ...], float]
 
 
-def _family_names(spec: MetricsSpec) -> list[str]:
-    """The names a family line may start with: the sample names, and a counter's or histogram's family name."""
-    names = [spec.running, spec.waiting, spec.tokens]
-    for suffix in ("_total", "_sum"):
-        names += [name[: -len(suffix)] for name in names if name.endswith(suffix)]
-    return names
+def _sample_lines(names: Sequence[str]) -> re.Pattern[bytes]:
+    """The lines of exactly these sample names (a longer name that begins with one is another family's)."""
+    return re.compile(rb"^(" + b"|".join(re.escape(name.encode()) for name in names) + rb")([{ \t].*)$", re.M)
 
 
-def _reduce(samples: Iterable[tuple[dict[str, str], float]], same_over: Sequence[str]) -> float | None:
-    """Sum over label sets, after the largest value over the labels in `same_over`; None when no sample."""
-    groups: dict[tuple[tuple[str, str], ...], float] = {}
-    for labels, value in samples:
-        if math.isnan(value):
-            continue
-        key = tuple(sorted((k, v) for k, v in labels.items() if k not in same_over))
-        groups[key] = max(groups.get(key, value), value)
-    return sum(groups.values()) if groups else None
+def _add(groups: _Groups, name: str, rest: bytes, same_over: set[bytes]) -> None:
+    """One sample into its name's sums: the largest value over the labels in `same_over` for each set of the
+    others (NaN skipped); ValueError for a line that is not a sample."""
+    sample = _SAMPLE.fullmatch(rest)
+    if sample is None:
+        raise ValueError(f"a line of {name} that is not a sample: {rest[:80]!r}")
+    value = float(sample.group("value"))
+    if math.isnan(value):
+        return
+    key = tuple(sorted(pair for pair in _PAIRS.findall(sample.group("labels") or b"") if pair[0] not in same_over))
+    groups[key] = max(groups.get(key, value), value)
 
 
-def parse_page(text: str, spec: MetricsSpec) -> tuple[float, float, float]:
-    """Running, waiting and generated tokens from an engine's metrics page; ValueError when one is missing."""
-    found: dict[str, list[tuple[dict[str, str], float]]] = {spec.running: [], spec.waiting: [], spec.tokens: []}
-    for family in text_string_to_metric_families(_wanted_lines(text, _family_names(spec))):
-        for sample in family.samples:
-            if sample.name in found:
-                found[sample.name].append((sample.labels, sample.value))
+def parse_page(page: str | bytes, spec: MetricsSpec) -> tuple[float, float, float]:
+    """Running, waiting and generated tokens from an engine's metrics page, each summed over label sets after the
+    largest value over `spec.same_over`; ValueError when one is missing, not finite or has too many samples."""
+    data = page.encode() if isinstance(page, str) else page
     names = (spec.running, spec.waiting, spec.tokens)
-    values = {name: _reduce(found[name], spec.same_over) for name in names}
-    missing = [name for name in names if values[name] is None]
+    groups: dict[str, _Groups] = {name: {} for name in names}
+    samples = dict.fromkeys(names, 0)
+    same_over = {label.encode() for label in spec.same_over}
+    for line in _sample_lines(names).finditer(data):
+        name = line.group(1).decode()
+        samples[name] += 1
+        if samples[name] > MAX_SAMPLES:
+            raise ValueError(f"more than {MAX_SAMPLES} samples of {name}")
+        _add(groups[name], name, line.group(2), same_over)
+    missing = [name for name in names if not groups[name]]
     if missing:
         raise ValueError(f"no samples of {', '.join(missing)}")
-    odd = [name for name in names if not math.isfinite(values[name] or 0.0)]
+    values = [sum(groups[name].values()) for name in names]
+    odd = [name for name, value in zip(names, values, strict=True) if not math.isfinite(value)]
     if odd:  # an Inf would stick in the monotonic counter for good (NaN samples are skipped above)
         raise ValueError(f"values that are not finite: {', '.join(odd)}")
-    running, waiting, tokens = (float(values[name] or 0.0) for name in names)
+    running, waiting, tokens = values
     return running, waiting, tokens
 
 
@@ -153,7 +160,7 @@ def read_page(server: Server, timeout: float) -> Page:
     spec = server.engine.metrics
     assert spec is not None
     try:
-        return Page(True, parse_page(body.decode("utf-8", "replace"), spec), "")
+        return Page(True, parse_page(body, spec), "")
     except ValueError as exc:
         return Page(False, None, f"GET {url}: {exc}")
 
