@@ -49,6 +49,7 @@ from support.load import (
     raise_nofile,
     sequential_scrapes,
     start_rig,
+    timed_scrapes,
     tls_beside_handshakeless,
     wait_ready,
 )
@@ -212,16 +213,8 @@ def basic(user: str, password: str) -> str:
 
 def scrapes_for(port: int, seconds: float, headers: str = "", pause: float = 0.1) -> Figures:
     """One keep-alive client scraping `/metrics` every `pause` for `seconds`."""
-    figures, scraper, stop = Figures(), Scraper(port, headers=headers), time.monotonic() + seconds
-    while time.monotonic() < stop:
-        try:
-            figures.latencies.append(scraper.timed())
-        except (OSError, AssertionError, ValueError, StopIteration) as exc:
-            scraper.close()
-            figures.errors.append(repr(exc))
-        time.sleep(pause)
-    scraper.close()
-    return figures
+    stop = time.monotonic() + seconds
+    return timed_scrapes(Scraper(port, headers=headers), lambda: time.monotonic() < stop, pause)
 
 
 def pipelining(rig: Rig, args: argparse.Namespace) -> None:

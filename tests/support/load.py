@@ -13,7 +13,7 @@ import statistics
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -116,10 +116,11 @@ def concurrent_scrapers(port: int, scrapers: int, seconds: float, pause: float =
     return figures
 
 
-def sequential_scrapes(port: int, count: int, context: ssl.SSLContext | None = None, pause: float = 0.02) -> Figures:
+def timed_scrapes(scraper: Scraper, more: Callable[[], bool], pause: float) -> Figures:
+    """Scrapes by one keep-alive client every `pause` while `more()`; an error closes its connection (the next
+    scrape opens another) and counts."""
     figures = Figures()
-    scraper = Scraper(port, context=context)
-    for _ in range(count):
+    while more():
         try:
             figures.latencies.append(scraper.timed())
         except (OSError, AssertionError, ValueError, StopIteration) as exc:
@@ -128,6 +129,11 @@ def sequential_scrapes(port: int, count: int, context: ssl.SSLContext | None = N
         time.sleep(pause)
     scraper.close()
     return figures
+
+
+def sequential_scrapes(port: int, count: int, context: ssl.SSLContext | None = None, pause: float = 0.02) -> Figures:
+    left = iter(range(count))
+    return timed_scrapes(Scraper(port, context=context), lambda: next(left, None) is not None, pause)
 
 
 @contextlib.contextmanager
