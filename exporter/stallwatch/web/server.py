@@ -470,6 +470,8 @@ class HttpServer:
         """One turn: the handshake's next step, or up to `requests_per_turn` requests; the loop queues it again."""
         if conn.state == "handshake" and not self._handshake(conn):
             return False
+        if conn.state != "head":
+            return True  # the handshake waits for the peer: nothing to read as a request yet
         for _ in range(self.limits.requests_per_turn):
             head = conn.take_head(self.limits.max_head_bytes)
             if head is None:
