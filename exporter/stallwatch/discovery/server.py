@@ -144,15 +144,18 @@ class Server:
     def refresh_network(self) -> bool:
         """Re-read the sockets of the server's network namespace (its port opens late): whether its port
         listens, and where to probe it. Reading `/proc/PID/net/tcp` walks the kernel's socket tables (ms on a
-        big host), so this runs in the discovery loop, not in a scrape. True when its probes changed."""
+        big host), so this runs in the discovery loop, not in a scrape, and outside the server's lock, which a
+        scrape's tree read takes. True when its probes changed."""
+        current = self.launch
+        listening = self._read_listening(current) if self.is_running() else None
+        launch = dataclasses.replace(current, listening=listening)
+        changed = False
+        if self.spec.probes is None and listening is not None:
+            probes = self._derived_probes(launch)
+            changed, launch = probes != current.probes, dataclasses.replace(launch, probes=probes)
         with self._lock:
-            launch = self.launch
-            listening = self._read_listening(launch) if self.is_running() else None
-            launch = dataclasses.replace(launch, listening=listening)
-            changed = False
-            if self.spec.probes is None and listening is not None:
-                probes = self._derived_probes(launch)
-                changed, launch = probes != launch.probes, dataclasses.replace(launch, probes=probes)
+            if self.launch is not current:  # attached anew meanwhile: that launch's own reading stands
+                return False
             self.launch = launch
         return changed
 
