@@ -2,15 +2,18 @@
 `stallwatch diagnose` (`observe.assemble`), with CPU seconds and tokens over the last minute of the history ring,
 the background prober's last results and the engine page loop's last figures, so a page view sends nothing to the
 server. Log lines and Python stacks are gathered only with `web.show_evidence`; stacks at most every
-STACK_TTL_SECONDS per server, one `py-spy` round per server at a time (a page never waits for another server's).
+STACK_TTL_SECONDS per server, by one background `py-spy` round per server at a time: a page waits for it at most
+STACK_WAIT_SECONDS (a hostile tree's round takes py-spy's whole timeout), then shows the last stacks taken, and
+never waits for another server's.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from stallwatch.discovery.server import Server
 from stallwatch.report.model import Observation, ProbeInfo, ProcessInfo, ServerReport, StackGroup
@@ -21,8 +24,20 @@ from stallwatch.signals.engine_page import figures_of
 from stallwatch.signals.history import Point
 from stallwatch.text import display
 
+log = logging.getLogger(__name__)
+
 WINDOW_SECONDS = 60.0  # CPU seconds and tokens are reported over about the last minute
 STACK_TTL_SECONDS = 30.0
+STACK_WAIT_SECONDS = 2.0  # what a page view waits for a round under way; an ordinary tree takes well under it
+
+
+@dataclass
+class _StackRound:
+    """A server's last stacks and the py-spy round that is taking the next ones, if any."""
+
+    taken: float = float("-inf")
+    groups: list[StackGroup] = field(default_factory=list)
+    running: threading.Thread | None = None
 
 
 @dataclass
@@ -39,9 +54,8 @@ class StatusPages:
     def __init__(self, runtime: Runtime, wall: Callable[[], float] = time.time) -> None:
         self.runtime, self._wall = runtime, wall
         self.evidence = runtime.config.web.show_evidence
-        self._stacks: dict[str, tuple[float, list[StackGroup]]] = {}
-        self._stack_locks: dict[str, threading.Lock] = {}  # per server, as long as it is watched
-        self._locks_lock = threading.Lock()
+        self._stacks: dict[str, _StackRound] = {}  # per server, as long as it is watched
+        self._stacks_lock = threading.Lock()
 
     def find(self, name: str) -> Server | None:
         """The server of that name; a name from an alert's label may be the printable form of the real one."""
@@ -75,21 +89,37 @@ class StatusPages:
         return StatusView(assemble(server, seen), points, self.evidence)
 
     def _stacks_of(self, server: Server, processes: list[ProcessInfo]) -> list[StackGroup]:
-        with self._stack_lock(server.name):  # one py-spy round per server at a time: reloads cannot pile them up
-            taken, groups = self._stacks.get(server.name, (float("-inf"), []))
-            if time.monotonic() - taken >= STACK_TTL_SECONDS:
-                groups = stacks(processes)
-                self._stacks[server.name] = (time.monotonic(), groups)
-            return groups
+        """The server's stacks: taken anew in the background when older than STACK_TTL_SECONDS (one round per
+        server at a time, so reloads cannot pile rounds up), waited for at most STACK_WAIT_SECONDS."""
+        with self._stacks_lock:
+            entry = self._round(server.name)
+            if entry.running is None and time.monotonic() - entry.taken >= STACK_TTL_SECONDS:
+                entry.running = threading.Thread(target=self._take, args=(entry, processes),
+                                                 name=f"stacks of {server.name}", daemon=True)
+                entry.running.start()
+            running = entry.running
+        if running is not None:
+            running.join(STACK_WAIT_SECONDS)
+        with self._stacks_lock:
+            return entry.groups
 
-    def _stack_lock(self, name: str) -> threading.Lock:
-        """The lock of a server's py-spy rounds; those and the stacks of servers no longer watched are dropped."""
+    def _take(self, entry: _StackRound, processes: list[ProcessInfo]) -> None:
+        groups: list[StackGroup] | None = None
+        try:
+            groups = stacks(processes)
+        except Exception:
+            log.exception("stacks of %s failed", [p.pid for p in processes])
+        with self._stacks_lock:
+            if groups is not None:
+                entry.groups, entry.taken = groups, time.monotonic()
+            entry.running = None
+
+    def _round(self, name: str) -> _StackRound:
+        """The server's stack round (under `_stacks_lock`); those of servers no longer watched are dropped."""
         watched = {s.name for s in self.runtime.watcher.servers()}
-        with self._locks_lock:
-            for gone in (set(self._stack_locks) | set(self._stacks)) - watched:
-                self._stack_locks.pop(gone, None)
-                self._stacks.pop(gone, None)
-            return self._stack_locks.setdefault(name, threading.Lock())
+        for gone in set(self._stacks) - watched:
+            del self._stacks[gone]
+        return self._stacks.setdefault(name, _StackRound())
 
     def _probes(self, server: Server) -> list[ProbeInfo]:
         prober = self.runtime.probes
