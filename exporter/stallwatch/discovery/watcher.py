@@ -145,10 +145,11 @@ class Watcher:
             return self._attach(following, root)  # anew only when it exec'd
         workload = locate(self.config.paths, root.pid)
         with self._lock:
-            name = self._name(engine, root, workload)
+            uid = processes.owner(root.pid)
+            name = self._name(engine, root, workload, uid)
             server = self._servers.get(name)
             if server is None:
-                if self._over_cap(root):
+                if self._over_cap(root, uid):
                     self._skipping += 1
                     return False
                 spec = ServerSpec(engine=engine.name, stall=self.config.defaults.stall)
@@ -156,10 +157,9 @@ class Watcher:
                 log.info("discovered %s server %s (pid %d, %s)", engine.name, name, root.pid, workload.runtime)
         return server.attach(root, workload)
 
-    def _over_cap(self, root: Candidate) -> bool:
+    def _over_cap(self, root: Candidate, uid: int | None) -> bool:
         """Whether a new discovered server would pass `discovery.max_servers` or, for its user,
         `max_servers_per_user` (logged once per cap until it is no longer reached)."""
-        uid = processes.owner(root.pid)
         discovered = [s for name, s in self._servers.items() if name not in self._configured_names]
         limits = ((None, len(discovered), self.config.discovery.max_servers),
                   (uid, sum(1 for s in discovered if s.launch.uid == uid), self.config.discovery.max_servers_per_user))
@@ -175,11 +175,10 @@ class Watcher:
             return True
         return False
 
-    def _name(self, engine: Engine, root: Candidate, workload: Workload) -> str:
+    def _name(self, engine: Engine, root: Candidate, workload: Workload, uid: int | None) -> str:
         """A name unique on the node and stable across restarts of the same workload: a server by that name
         whose process is gone is the same workload restarted; one whose process lives is another server."""
         name = printable(workload.name or f"{engine.name}-{engine.listen_address(root.argv)[1]}")
-        uid = processes.owner(root.pid)
         if self._taken(name, workload, uid) and workload.pod:
             name = f"{name}/{workload.container}"  # a second server in one pod
         base, suffix = name, 1
