@@ -26,39 +26,58 @@ DEFAULT_PORT = 9847
 log = logging.getLogger("stallwatch")
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="stallwatch", description="Prometheus exporter that catches silent stalls of LLM inference servers.")
-    parser.add_argument("--web.listen-address", dest="listen_address", default=f":{DEFAULT_PORT}",
+def _add_global_flags(parser: argparse.ArgumentParser, defaults: bool) -> None:
+    """The flags that hold for every sub-command. Each sub-command takes them too, so that they may stand on either
+    side of it (`stallwatch diagnose --config.file F`, as with kubectl and promtool); there they default to
+    nothing, so that a flag given before the sub-command is not reset by the sub-command's default."""
+
+    def default(value: object) -> object:
+        return value if defaults else argparse.SUPPRESS
+
+    parser.add_argument("--web.listen-address", dest="listen_address", default=default(f":{DEFAULT_PORT}"),
                         help=f"address to serve metrics on (default :{DEFAULT_PORT})")
-    parser.add_argument("--web.telemetry-path", dest="telemetry_path", default="/metrics",
+    parser.add_argument("--web.telemetry-path", dest="telemetry_path", default=default("/metrics"),
                         help="path under which to serve metrics (default /metrics)")
-    parser.add_argument("--web.config.file", dest="web_config_file",
+    parser.add_argument("--web.config.file", dest="web_config_file", default=default(None),
                         help="exporter-toolkit web config: TLS, basic auth, response headers (optional)")
-    parser.add_argument("--config.file", dest="config_file", help="YAML config file (optional)")
-    parser.add_argument("--path.procfs", dest="procfs", help="procfs mountpoint (default /proc; config paths.procfs)")
-    parser.add_argument("--path.rootfs", dest="rootfs",
+    parser.add_argument("--config.file", dest="config_file", default=default(None),
+                        help="YAML config file (optional)")
+    parser.add_argument("--path.procfs", dest="procfs", default=default(None),
+                        help="procfs mountpoint (default /proc; config paths.procfs)")
+    parser.add_argument("--path.rootfs", dest="rootfs", default=default(None),
                         help="the node's root filesystem, e.g. /host in a container (default /; config paths.rootfs)")
-    parser.add_argument("--log.level", dest="log_level", default="info",
+    parser.add_argument("--log.level", dest="log_level", default=default("info"),
                         choices=("debug", "info", "warn", "error"), help="log level (default info)")
     for registration in REGISTRY:
         name = registration.name
-        parser.add_argument(f"--collector.{name}", dest=f"collector_{name}", default=None,
+        parser.add_argument(f"--collector.{name}", dest=f"collector_{name}", default=default(None),
                             action=argparse.BooleanOptionalAction,
                             help=f"{registration.help} (default: the config's {name}.enabled, true)")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="stallwatch", description="Prometheus exporter that catches silent stalls of LLM inference servers.")
+    _add_global_flags(parser, defaults=True)
     parser.add_argument("--version", action="version", version=f"stallwatch {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="{serve,check-config,diagnose,version}")
-    commands.add_parser("serve", help="serve metrics (the default)")
-    check = commands.add_parser("check-config", help="validate a config file; exit 0 or 2")
+
+    def command(name: str, help: str) -> argparse.ArgumentParser:
+        sub = commands.add_parser(name, help=help)
+        _add_global_flags(sub, defaults=False)
+        return sub
+
+    command("serve", "serve metrics (the default)")
+    check = command("check-config", "validate a config file; exit 0 or 2")
     check.add_argument("file")
-    diagnose = commands.add_parser(
-        "diagnose", help="report on each watched server (or SERVER) now: phase, GPUs, processes, stacks, port, "
-                         "log, verdict; exit 0 healthy, 1 stalled or failed, 2 bad input")
+    diagnose = command(
+        "diagnose", "report on each watched server (or SERVER) now: phase, GPUs, processes, stacks, port, "
+                    "log, verdict; exit 0 healthy, 1 stalled or failed, 2 bad input")
     diagnose.add_argument("server", nargs="?", help="the server's name (default: every watched server)")
     diagnose.add_argument("--json", action="store_true", help="one JSON document (diagnose.schema.json)")
     diagnose.add_argument("--window", type=float, default=2.0,
                           help="seconds over which CPU and token progress are sampled (default 2)")
-    commands.add_parser("version", help="print the version")
+    command("version", "print the version")
     return parser
 
 
