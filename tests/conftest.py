@@ -1,11 +1,15 @@
 """Fixtures for the exporter and simulated engines as processes, the test kinds (markers) and `--update-golden`.
 
-Kinds, so that a unit run takes seconds (`pytest -m "not process"`):
-- `process`: runs the exporter, a simulated engine or another program (promtool, journalctl, openssl) as a process;
-  given to every test that takes a fixture of PROCESS_FIXTURES, and to `root` and `e2e` tests.
-- `root`: needs root to make network namespaces, veth pairs and cgroups (the pod, container and unit sandboxes);
-  skipped, saying why, elsewhere.
-- `e2e`: through real Prometheus and Alertmanager binaries.
+The folder says the kind (`pytest tests/unit` is the fast tier, `pytest -m "not process"` the same by marker):
+- `unit/`: mirrors `exporter/stallwatch/`; no process, no root. A unit test that takes a fixture of
+  PROCESS_FIXTURES or is marked `process`, `root` or `e2e` is a collection error, and one that starts a process
+  fails (tests/unit/conftest.py).
+- `system/`: `process`: runs the exporter, a simulated engine or another program (journalctl, openssl) as a process.
+- `root/`: `process` and `root`: needs root to make network namespaces, veth pairs and cgroups (the pod, container
+  and unit sandboxes, the nodes of support.cluster); skipped, saying why, elsewhere.
+- `e2e/`: `process` and `e2e`: through real Prometheus, Alertmanager and Chromium.
+- `shipped/`: what ships beside the package (rules, dashboard, manifests, docs, the layers); a test there that runs
+  promtool or another program is marked `process` itself.
 """
 
 from __future__ import annotations
@@ -19,10 +23,14 @@ from pathlib import Path
 import pytest
 
 from support.harness import Engine, Exporter
+from support.paths import ROOT
 from support.sandbox import require_root
 from support.stack import Daemon
 
-PROCESS_FIXTURES = {"exporter", "engine", "rig", "pki"}  # `rig`: test_load's exporter; `pki`: openssl
+PROCESS_FIXTURES = {"exporter", "engine", "rig", "pki", "daemons"}  # `rig`: system/test_load.py; `pki`: openssl
+FOLDER_KINDS = {"unit": (), "system": ("process",), "root": ("process", "root"), "e2e": ("process", "e2e"),
+                "shipped": ()}
+RUNS_THINGS = {"process", "root", "e2e"}
 
 
 @pytest.fixture
@@ -78,8 +86,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
+        folder = item.path.relative_to(ROOT / "tests").parts[0]
         kinds = {mark.name for mark in item.iter_markers()}
-        if PROCESS_FIXTURES & set(getattr(item, "fixturenames", ())) or kinds & {"root", "e2e"}:
+        fixtures = PROCESS_FIXTURES & set(getattr(item, "fixturenames", ()))
+        if folder == "unit" and (kinds & RUNS_THINGS or fixtures):
+            raise pytest.UsageError(f"{item.nodeid} is a unit test that runs things ({sorted(kinds & RUNS_THINGS)}, "
+                                    f"{sorted(fixtures)}): it belongs under tests/system, tests/root or tests/e2e")
+        for kind in FOLDER_KINDS.get(folder, ()):
+            item.add_marker(kind)
+        if fixtures or kinds & {"root", "e2e"}:
             item.add_marker(pytest.mark.process)
 
 

@@ -23,11 +23,10 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from support.cluster import Node
-from support.harness import Exporter, poll
+from support.harness import NOBODY, Exporter, poll
 
 SLEEPER = ["/usr/bin/python3", "-c", "import time; time.sleep(600)", "-m", "sglang.launch_server", "--enable-metrics",
            "--port"]
-NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--"]
 CONFIG = ("discovery: {enabled: true, interval: 1s}\ndefaults: {probe: {interval: 2s, timeout: 1s}}\n"
           "engine_metrics: {interval: 2s, timeout: 2s}\nlogs: {poll_interval: 0.5s}\n")
 

@@ -1,4 +1,4 @@
-"""HTTP load and fault figures at full size (the CI form is tests/test_load.py, with the same scenarios).
+"""HTTP load and fault figures at full size (the CI form is tests/system/test_load.py, with the same scenarios).
 
 The exporter watches a simulated SGLang TP=8 server with 8 fake GPUs, on loopback:
   1. 50 concurrent keep-alive scrapers for 60 s (each pausing 0.1 s between scrapes): errors, p50/p99/max;
@@ -10,7 +10,7 @@ The exporter watches a simulated SGLang TP=8 server with 8 fake GPUs, on loopbac
   6. scrapes beside 8 connections that stream pipelined requests without pause (audit 2026-12-01, 4);
   7. authenticated scrapes beside 48 connections guessing the password of a cost-12 hash (audit 2026-12-01, 6).
 The attacking clients of 6 and 7 run in a child process, so that their threads do not slow the measuring client;
-the regression tests of 5-7 are tests/test_hardening_web.py.
+the regression tests of 5-7 are tests/unit/web/test_server.py.
 
     .venv/bin/python tests/bench/bench_http.py [--seconds 60] [--scrapers 50] [--idle 1000] [--slow 200]
         [--attack-seconds 15] [--only bigheads,pipelining,guessing]

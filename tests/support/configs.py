@@ -10,6 +10,12 @@ from pathlib import Path
 from stallwatch import config
 from stallwatch.collectors import sections
 
+# Discovery, probes and log polling fast enough that each test takes seconds; a gone server is forgotten after 1 s.
+FAST = ("discovery: {enabled: true, interval: 0.2s, forget_after: 1s}\n"
+        "defaults: {probe: {interval: 0.2s, timeout: 1s}}\nlogs: {poll_interval: 0.1s}\n")
+# The same, remembering a gone server's name for 30 s: what a test of who takes that name needs.
+FAST_REMEMBERING = FAST.replace("forget_after: 1s", "forget_after: 30s")
+
 GOOD = """\
 servers:
   - name: kimi-eagle3

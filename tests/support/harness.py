@@ -25,6 +25,8 @@ from support.paths import FAKES, SIM_BIN, SIM_PKGS
 T = TypeVar("T")
 
 GIB = 2**30
+# A command's prefix that runs it as `nobody`: another user's process beside the exporter.
+NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--"]
 
 
 def require(binary: str) -> str:

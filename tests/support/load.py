@@ -1,4 +1,4 @@
-"""The HTTP load and fault scenarios, shared by the reduced suite (`tests/test_load.py`) and the full-size
+"""The HTTP load and fault scenarios, shared by the reduced suite (`tests/system/test_load.py`) and the full-size
 benchmark (`tests/bench/bench_http.py`): keep-alive scrapers, idle and slowloris connections, handshake-less TLS
 clients, and descriptor exhaustion, against an exporter watching a simulated SGLang TP=8 server with 8 fake GPUs.
 Every scenario is bounded in count and time and closes what it opened."""

@@ -1,5 +1,5 @@
 """The real Prometheus and Alertmanager of the end-to-end tests, the webhook that receives Alertmanager's
-notifications, and the time compression of the shipped rules (tests/test_e2e.py, tests/test_multinode.py)."""
+notifications, and the time compression of the shipped rules (tests/e2e/test_alerts.py, tests/e2e/test_multinode.py)."""
 
 from __future__ import annotations
 

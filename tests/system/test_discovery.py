@@ -1,0 +1,350 @@
+"""Discovery of engines as processes, hostile ones included: odd argv, ports and titles, processes that exec, scripts
+that start servers, gone servers, capped roles and swapped stdout."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from stallwatch.loops import POOL_WORKERS
+from support import transcripts as t
+from support.clock import Clock
+from support.configs import FAST, FAST_REMEMBERING
+from support.harness import NOBODY, Engine, Exporter, Scrape, free_port, poll, require
+from support.transcripts import llamacpp_healthy, sglang_until_shards
+from support.watchers import candidate, watcher
+
+
+def _up(scrape: Scrape, prefix: str) -> list[str]:
+    return [ls["server"] for ls in scrape.labelsets("stallwatch_server_up") if ls["server"].startswith(prefix)
+            and scrape.value("stallwatch_server_up", server=ls["server"]) == 1]
+
+
+def _threads(e: Exporter) -> int:
+    status = Path(f"/proc/{e.proc.pid}/status").read_text()
+    return int(next(line.split()[1] for line in status.splitlines() if line.startswith("Threads:")))
+
+
+def _started(e: Exporter) -> bool:
+    """It logs that it listens once every loop has been started (`app.serve` starts them, then the CLI logs)."""
+    return "listening on" in e.log.read_text()
+
+
+def _series_of(scrape: Scrape, names: set[str]) -> list[str]:
+    return [s.name for f in scrape.families.values() for s in f.samples if names & set(s.labels.values())]
+
+
+# A server whose children each take a title of their own, burn some CPU and exit: 150 roles over ~3 s.
+MANY_TITLES = """
+import os, sys, time, setproctitle
+for i in range(150):
+    if os.fork() == 0:
+        setproctitle.setproctitle(f"sglang::role{i}x")
+        end = time.process_time() + 0.02
+        while time.process_time() < end:
+            pass
+        time.sleep(0.5)
+        os._exit(0)
+    time.sleep(0.02)
+    while True:
+        try:
+            if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                break
+        except ChildProcessError:
+            break
+open(sys.argv[-1], "w").close()
+time.sleep(3600)
+"""
+
+
+def _cpu_items(scrape: Scrape, server: str) -> list[tuple[tuple[str, str], float]]:
+    return [((s.labels["process"], s.labels["mode"]), s.value)
+            for s in scrape.samples("stallwatch_process_cpu_seconds_total") if s.labels["server"] == server]
+
+
+# Runs as `nobody` with its stdout in a file of its own; on the trigger it swaps that file for a symlink to a
+# root-only file and makes its stdout an O_PATH descriptor of it (which needs no read permission).
+SWAPPER = """
+import os, sys, time
+out, secret, trigger, swapped = sys.argv[-4:]
+os.write(1, b"started\\n")
+while not os.path.exists(trigger):
+    time.sleep(0.05)
+os.unlink(out)
+os.symlink(secret, out)
+held = os.open(out, os.O_PATH)
+os.dup2(held, 1)
+os.dup2(held, 2)
+open(swapped, "w").close()
+time.sleep(3600)
+"""
+
+
+
+
+
+
+
+
+# A Python process whose argv names a vLLM server on `--port FIRST`, then execs (same pid and start time) into the
+# command after `--`: the real server, on another port.
+EXEC_LATER = ("import os, sys, time; time.sleep(1.5); rest = sys.argv[sys.argv.index('--') + 1:]; "
+              "os.execv(rest[0], rest)")
+
+
+
+
+@pytest.fixture
+def sleepers() -> Iterator[list[subprocess.Popen[bytes]]]:
+    started: list[subprocess.Popen[bytes]] = []
+    yield started
+    for proc in started:
+        proc.kill()
+        proc.wait()
+
+
+def sleeper(started: list[subprocess.Popen[bytes]]) -> subprocess.Popen[bytes]:
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    started.append(proc)
+    return proc
+
+
+def test_non_utf8_host_model_and_stdout_name_never_fail_a_page(exporter, engine) -> None:
+    e = exporter(config=FAST)
+    sim = engine("sglang", sglang_until_shards(tp=1), tp=1, log_name="out-\udcff.log",  # the byte 0xff
+                 args=("--host", "\udcfe", "--host", "127.0.0.1"))
+    scrape = e.wait_for(lambda s: s.value("stallwatch_log_up", server=sim.name) == 1 and s, what="its log")
+    assert scrape.value("stallwatch_log_up", server=sim.name, path=str(sim.log).replace("\udcff", "\\xff")) == 1
+    assert e.get("/")[0] == 200
+    sim.stop()  # the values stay while the server is remembered
+    e.wait_for(lambda s: s.value("stallwatch_server_up", server=sim.name) == 0, what="server down")
+    assert e.get("/")[0] == 200
+
+
+def test_bad_ports_in_argv_fall_back_and_later_servers_are_found(exporter, engine) -> None:
+    e = exporter(config=FAST)
+    # `²` passes str.isdigit() and fails int(); each of these is watched under the engine's default port.
+    bad = [engine("sglang", sglang_until_shards(tp=1), tp=1, args=("--port", port)) for port in ("\u00b2", "99999",
+                                                                                                 "0", "-1")]
+    started = {psutil.Process(sim.proc.pid).create_time() for sim in bad}
+    e.wait_for(lambda s: started <= {s.value("stallwatch_server_start_time_seconds", server=name)
+                                     for name in _up(s, "sglang-30000")}, what="the four under the default port")
+    later = engine("sglang", sglang_until_shards(tp=1), tp=1)
+    e.wait_for(lambda s: s.value("stallwatch_server_up", server=later.name) == 1, what="a later server")
+    assert e.proc.poll() is None
+
+
+def test_derived_probe_never_connects_where_the_server_does_not_listen(exporter, engine) -> None:
+    with socket.socket() as ours:  # someone else's service on the port the engine's argv names
+        ours.bind(("0.0.0.0", 0))
+        ours.listen(16)
+        ours.setblocking(False)
+        port = ours.getsockname()[1]
+        e = exporter(config=FAST)
+        engine("sglang", sglang_until_shards(tp=1), tp=1, args=("--host", "127.0.0.2", "--port", str(port)))
+        name = f"sglang-{port}"
+        scrape = e.wait_for(lambda s: (s.value("stallwatch_probe_failures_total", server=name, reason="refused")
+                                       or 0) >= 5 and s, what="probes recorded as refused")
+        assert scrape.value("stallwatch_probe_success", server=name) == 0
+        assert scrape.value("stallwatch_server_listening", server=name) == 1  # ours, in its namespace
+        with pytest.raises(BlockingIOError):
+            ours.accept()  # no connection ever reached our listener
+
+
+def test_probe_url_never_takes_a_name_or_path_from_argv(exporter, engine) -> None:
+    e = exporter(config=FAST)
+    # The exporter reads the first --host, the simulator binds the last one.
+    sim = engine("llamacpp", llamacpp_healthy(), final="serve", tp=1,
+                 args=("--host", "127.0.0.1/admin/x?y=", "--host", "127.0.0.1"))
+    url = f"http://127.0.0.1:{sim.port}/health"
+    scrape = e.wait_for(lambda s: s.value("stallwatch_probe_success", server=sim.name, url=url) == 1 and s,
+                        what="the probe of its own address")
+    assert [ls["url"] for ls in scrape.labelsets("stallwatch_probe_success") if ls["server"] == sim.name] == [url]
+
+
+def test_gone_servers_are_dropped_with_their_threads_and_series(exporter, engine) -> None:
+    e = exporter(config=FAST)
+    poll(lambda: _started(e), what="the exporter to start its loops")
+    # Probes and page fetches run on pools (loops.POOL_WORKERS threads each, and a deadline timer per request in
+    # flight): the exporter's threads never grow with the servers, ours or other ones on the machine.
+    bound = _threads(e) + 4 * POOL_WORKERS
+    sims = [engine("llamacpp", llamacpp_healthy(), final="stall", tp=1) for _ in range(30)]
+    names = {sim.name for sim in sims}
+    e.wait_for(lambda s: names <= {ls["server"] for ls in s.labelsets("stallwatch_probe_failures_total")},
+               timeout=30, what="all 30 discovered and probed")
+    assert _threads(e) <= bound
+    for sim in sims:
+        sim.stop()
+    e.wait_for(lambda s: not _series_of(s, names), timeout=30, what="every series dropped")
+    assert _threads(e) <= bound
+
+
+def test_roles_are_capped_and_their_cpu_never_goes_down(exporter, tmp_path: Path) -> None:
+    e = exporter(config=FAST)
+    script, done = tmp_path / "titles.py", tmp_path / "done"
+    script.write_text(MANY_TITLES)
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, str(script), "sglang.launch_server", "--port", str(port), str(done)])
+    name = f"sglang-{port}"
+    previous: dict[tuple[str, str], float] = {}
+    try:
+        deadline = time.monotonic() + 60
+        while not done.exists() or not previous:
+            assert time.monotonic() < deadline, "the children did not finish"
+            cpu = dict(_cpu_items(e.scrape(), name))
+            assert all(cpu.get(key, -1.0) >= value for key, value in previous.items()), "a counter went down"
+            assert len({role for role, _ in cpu}) <= 65, sorted(cpu)
+            previous = cpu
+        scrape = e.scrape()
+        roles = {role for (role, _), _ in _cpu_items(scrape, name)}
+        assert "other" in roles and "main" in roles and len(roles) == 65
+        total = sum(value for _, value in _cpu_items(scrape, name))
+        assert total >= sum(previous.values()) and total > 1.0  # 150 children x 20 ms each, all kept
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_swapped_stdout_never_exports_a_root_only_file(exporter, shared_dir: Path) -> None:
+    require("setpriv")
+    secret = shared_dir / "secret"
+    secret.write_text(sglang_until_shards(tp=1))  # lines that would move the phase and shard gauges
+    secret.chmod(0o600)
+    (shared_dir / "swapper.py").write_text(SWAPPER)
+    out, trigger, swapped = shared_dir / "out.log", shared_dir / "trigger", shared_dir / "swapped"
+    port = free_port()
+    e = exporter(config=FAST)
+    out.touch()
+    os.chown(out, 65534, 65534)
+    with open(out, "ab") as stdout:
+        proc = subprocess.Popen([*NOBODY, "/usr/bin/python3", str(shared_dir / "swapper.py"), "sglang.launch_server",
+                                 "--port", str(port), str(out), str(secret), str(trigger), str(swapped)],
+                                env={"PATH": "/usr/bin:/bin"}, stdin=subprocess.DEVNULL, stdout=stdout,
+                                stderr=subprocess.STDOUT)
+    name = f"sglang-{port}"
+    try:
+        e.wait_for(lambda s: s.value("stallwatch_log_size_bytes", server=name) == len("started\n")
+                   and s.value("stallwatch_log_up", server=name) == 1, what="its own first line")
+        trigger.touch()
+        poll(swapped.exists, what="the swap")
+        scrape = e.wait_for(lambda s: s.value("stallwatch_log_up", server=name) == 0 and s, what="log down")
+        # Its first line was there before it was found: replayed for the phase, not counted as read.
+        assert scrape.value("stallwatch_log_lines_total", server=name) == 0
+        assert scrape.value("stallwatch_log_read_bytes_total", server=name) == 0
+        assert scrape.value("stallwatch_log_size_bytes", server=name) == len("started\n")
+        assert scrape.value("stallwatch_weight_shards_expected", server=name) is None
+        assert str(secret) not in scrape.text
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_discovered_process_never_becomes_a_configured_server(exporter, engine, tmp_path: Path) -> None:
+    """The configured server (no name: `sglang-30000`) is down; a process with the default port in its argv is
+    discovered beside it, as `sglang-30000-2`: the configured server stays down, so InferenceServerDown fires."""
+    token = f"real-{os.getpid()}-{tmp_path.name}"
+    e = exporter(config=FAST_REMEMBERING + "servers:\n  - engine: sglang\n"
+                 f"    match: {{cmdline: 'sglang\\.launch_server .*{token}'}}\n")
+    real = engine("sglang", t.sglang_until_shards(tp=1), final="stall", tp=1, args=("--served-model-name", token))
+    e.wait_for(lambda s: s.value("stallwatch_server_up", server="sglang-30000") == 1, what="the configured server")
+    real.stop()
+    e.wait_for(lambda s: s.value("stallwatch_server_up", server="sglang-30000") == 0, what="it to go down")
+    squatter = engine("sglang", t.sglang_until_shards(tp=1), final="stall", tp=1, port=30000)
+    scrape = e.wait_for(lambda s: s.value("stallwatch_server_up", server="sglang-30000-2") == 1 and s, timeout=15,
+                        what="the other process, under a name of its own")
+    assert scrape.value("stallwatch_server_up", server="sglang-30000") == 0
+    assert squatter.proc.poll() is None
+
+
+def test_a_gone_servers_name_is_not_taken_by_another_users_process(exporter, engine, shared_dir: Path) -> None:
+    """A discovered host server is gone (a crash before its restart); another user's process with the same port in
+    its argv comes first: it is `<name>-2`, and the real server, relaunched by its own user, gets its name back."""
+    e = exporter(config=FAST_REMEMBERING)
+    first = engine("llamacpp", t.llamacpp_healthy(), final="stall", tp=1)
+    name = first.name
+    e.wait_for(lambda s: s.value("stallwatch_server_up", server=name) == 1, what="the server")
+    first.stop()
+    e.wait_for(lambda s: s.value("stallwatch_server_up", server=name) == 0, what="it to go down")
+    other = Engine(shared_dir, "llamacpp", t.llamacpp_healthy(), final="stall", tp=1, port=first.port, prefix=NOBODY)
+    try:
+        scrape = e.wait_for(lambda s: s.value("stallwatch_server_up", server=f"{name}-2") == 1 and s, timeout=15,
+                            what="the other user's process, under a name of its own")
+        assert scrape.value("stallwatch_server_up", server=name) == 0
+        engine("llamacpp", t.llamacpp_healthy(), final="stall", tp=1, port=first.port, log_name="relaunch.log")
+        e.wait_for(lambda s: s.value("stallwatch_server_up", server=name) == 1, timeout=15,
+                   what="the relaunch under its own name")
+    finally:
+        other.stop()
+
+
+def test_a_main_process_that_execs_is_read_anew(exporter, engine) -> None:
+    e = exporter(config=FAST_REMEMBERING)
+    first = free_port()
+    sim = engine("vllm", t.vllm_healthy(tp=1), final="serve", tp=1, work={"running": 0, "waiting": 0},
+                 prefix=[sys.executable, "-c", EXEC_LATER, "-m", "vllm.entrypoints.openai.api_server", "--port",
+                         str(first), "--"])
+    name = f"vllm-{first}"
+    e.wait_for(lambda s: s.value("stallwatch_server_up", server=name) == 1, what="the process before its exec")
+    scrape = e.wait_for(lambda s: s.value("stallwatch_server_listening", server=name, port=str(sim.port)) == 1
+                        and s.value("stallwatch_probe_success", server=name,
+                                    url=f"http://127.0.0.1:{sim.port}/health") == 1 and s,
+                        timeout=20, what="the port and probe of the program it exec'd")
+    assert scrape.value("stallwatch_startup_phase", server=name, phase="serving") == 1
+    assert scrape.value("stallwatch_server_listening", server=name, port=str(first)) is None
+
+
+def test_a_shell_scripts_process_is_not_the_server_it_starts(exporter, engine, tmp_path: Path) -> None:
+    """`sh -c 'sleep 1; exec python -m vllm... --port N'`, as manifests and entrypoints write it: the shell is not
+    discovered (its port would be read as the default 8000, a healthy idle server paged as never listening); the
+    program it execs is, on its own port."""
+    e = exporter(config=FAST_REMEMBERING)
+    sim = engine("vllm", t.vllm_healthy(tp=1), final="serve", tp=1, work={"running": 0, "waiting": 0},
+                 shell="sleep 1")
+    e.wait_for(lambda s: s.value("stallwatch_probe_success", server=sim.name,
+                                 url=f"http://127.0.0.1:{sim.port}/health") == 1, timeout=20,
+               what="the program the script execs")
+    assert f"(pid {sim.proc.pid}, host)" in e.log.read_text()
+    assert "vllm-8000" not in e.log.read_text()
+
+
+@pytest.mark.process
+def test_a_workload_restarted_keeps_its_name_and_a_new_launch(tmp_path: Path, sleepers: list) -> None:
+    first = sleeper(sleepers)
+    found = [candidate(first.pid)]
+    w = watcher(tmp_path, found)
+    w.refresh()
+    (server,) = w.servers()
+    first.kill()
+    first.wait()
+    second = sleeper(sleepers)
+    found[:] = [candidate(second.pid)]
+    w.refresh()
+    assert w.servers() == [server] and server.name == "sglang-30000" and server.launch.pid == second.pid
+
+
+@pytest.mark.process
+def test_a_gone_discovered_server_is_forgotten_after_forget_after(tmp_path: Path, sleepers: list) -> None:
+    proc = sleeper(sleepers)
+    found, clock = [candidate(proc.pid)], Clock()
+    w = watcher(tmp_path, found, clock)
+    told: list[list[str]] = []
+    w.on_change(lambda servers: told.append([s.name for s in servers]))
+    w.refresh()
+    proc.kill()
+    proc.wait()
+    found.clear()
+    w.refresh()  # gone from now on
+    clock.now += 59
+    w.refresh()
+    assert [s.name for s in w.servers()] == ["sglang-30000"]
+    clock.now += 1
+    w.refresh()
+    assert w.servers() == [] and told[-1] == []

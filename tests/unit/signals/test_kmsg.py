@@ -1,0 +1,87 @@
+"""Xid lines from the kernel log, and untrusted bytes in it."""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+import pytest
+
+from stallwatch.signals.kmsg import LINE_LIMIT, KernelXid, KernelXids, parse
+from support.harness import poll
+
+BOOT = 1_700_000_000.0
+
+
+# Real lines (docs/research/gpu-health.md §1.1, with their sources).
+REAL = [
+    # leptonai/gpud PR #46
+    (b"NVRM: Xid (PCI:0000:cb:00): 109, pid=1797828, name=pt_main_thread, Ch 00000008, errorString CTX SWITCH "
+     b"TIMEOUT, Info 0x58005",
+     KernelXid("0000:cb:00", 109, 1797828, "pt_main_thread",
+               "Ch 00000008, errorString CTX SWITCH TIMEOUT, Info 0x58005", 0.0)),
+    # NVIDIA/open-gpu-kernel-modules#1151: no process context
+    (b"NVRM: Xid (PCI:0000:2b:00): 79, GPU has fallen off the bus.",
+     KernelXid("0000:2b:00", 79, None, "", "GPU has fallen off the bus.", 0.0)),
+    # open-gpu-kernel-modules#446
+    (b"NVRM: Xid (PCI:0000:61:00): 119, pid=1346198, name=nvidia-smi, Timeout waiting for RPC from GSP! Expected "
+     b"function 103 (GSP_RM_ALLOC)",
+     KernelXid("0000:61:00", 119, 1346198, "nvidia-smi",
+               "Timeout waiting for RPC from GSP! Expected function 103 (GSP_RM_ALLOC)", 0.0)),
+    # NVIDIA forum 371272
+    (b"NVRM: Xid (PCI:0000:3B:00): 154, GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)",
+     KernelXid("0000:3b:00", 154, None, "", "GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)",
+               0.0)),
+    # MIG, and a process the driver could not name (kernel_rc.c)
+    (b"NVRM: Xid (PCI:0000:61:00 GPU-I:01 GPU-CI:00): 45, pid='<unknown>', name=<unknown>, Ch 00000001 caused by "
+     b"previous Xid 149",
+     KernelXid("0000:61:00", 45, None, "<unknown>", "Ch 00000001 caused by previous Xid 149", 0.0)),
+]
+
+
+@pytest.mark.parametrize(("line", "expected"), REAL, ids=[e.detail[:30] for _, e in REAL])
+def test_real_xid_lines(line: bytes, expected: KernelXid) -> None:
+    found = parse(b"3,1742,12500000,-;" + line, BOOT)
+    assert found is not None
+    assert (found.pci, found.xid, found.pid, found.process, found.detail) == \
+        (expected.pci, expected.xid, expected.pid, expected.process, expected.detail)
+    assert found.at == BOOT + 12.5  # /dev/kmsg's microseconds since boot
+
+
+def test_other_lines_and_untrusted_bytes() -> None:
+    assert parse(b"6,1,1,-;NVRM: GPU at PCI:0000:cb:00: GPU-8d9c1c3a-0000-4000-8000-000000000000", BOOT) is None
+    assert parse(b"6,2,1,-;usb 1-1: new high-speed USB device", BOOT) is None
+    # A process names itself: its name and the rest are shown without control characters, and bounded.
+    found = parse(b"NVRM: Xid (PCI:0000:cb:00): 13, pid=42, name=\x1b[2J\xff, " + b"x" * 5000, BOOT)
+    assert found is not None and found.process == "?[2J\ufffd" and len(found.detail) == 200
+    assert abs(found.at - time.time()) < 60  # a line without the record prefix: read now
+
+
+def test_a_log_that_grows_with_garbage_and_a_long_line(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    log = tmp_path / "kmsg"
+    reader = KernelXids(str(log), interval=0.05, boot=lambda: BOOT)
+    caplog.set_level(logging.INFO, logger="stallwatch.signals.kmsg")
+    reader.start()
+    try:
+        # Missing (a pod has no /dev/kmsg): said once, and the reader keeps trying.
+        poll(lambda: "No such file" in caplog.text, what="the missing log's message")
+        assert reader.latest() == []
+        with log.open("wb") as out:
+            out.write(b"6,1,1000000,-;NVRM: Xid (PCI:0000:cb:00): 13, pid=7, name=python3, Graphics Exception\n")
+            out.write(b"\x00\xff" * 100 + b"\n")
+            out.flush()
+            found = poll(lambda: reader.latest(), what="the first Xid line")
+            assert [(x.xid, x.pid, x.count, x.at) for x in found] == [(13, 7, 1, BOOT + 1)]
+            out.write(b"y" * (LINE_LIMIT * 2))  # no newline: dropped as it grows past LINE_LIMIT, not kept
+            out.flush()
+            out.write(b"\n6,2,2000000,-;NVRM: Xid (PCI:0000:cb:00): 13, pid=8, name=python3, again\n"
+                      b"6,3,3000000,-;NVRM: Xid (PCI:0000:cc:00): 79, GPU has fallen off the bus.\n")
+            out.flush()
+            found = poll(lambda: len(reader.latest()) == 2 and reader.latest(), what="the next two lines")
+        by_xid = {x.xid: x for x in found}
+        assert (by_xid[13].pid, by_xid[13].count, by_xid[13].detail) == (8, 2, "again")
+        assert by_xid[79].pci == "0000:cc:00"
+        assert caplog.text.count("No such file") == 1
+    finally:
+        reader.stop()

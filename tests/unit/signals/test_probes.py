@@ -1,0 +1,40 @@
+"""Probes: a target that trickles headers times out at the deadline; a bad port fails without raising."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+from stallwatch.signals.probes import probe
+
+
+def test_a_target_that_trickles_headers_times_out_at_the_deadline() -> None:
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        done = threading.Event()
+
+        def trickle() -> None:
+            conn, _ = listener.accept()
+            with conn:
+                conn.recv(4096)
+                conn.sendall(b"HTTP/1.1 200 OK\r\n")
+                for _ in range(100):  # a header byte every 0.1 s for 10 s: each read is well within the timeout
+                    if done.wait(0.1):
+                        return
+                    conn.sendall(b"X")
+
+        server = threading.Thread(target=trickle, daemon=True)
+        server.start()
+        start = time.monotonic()
+        result = probe(f"http://127.0.0.1:{listener.getsockname()[1]}/health", timeout=1.0)
+        elapsed = time.monotonic() - start
+        done.set()
+        server.join(5)
+    assert result.reason == "timeout" and not result.success
+    assert elapsed < 2.0, elapsed
+
+
+def test_a_probe_url_with_a_bad_port_fails_without_raising() -> None:
+    assert probe("http://127.0.0.1:99999/health", timeout=1.0).reason == "error"
