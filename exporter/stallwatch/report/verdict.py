@@ -2,7 +2,7 @@
 
 GPU utilization now, and over NVML's buffered samples, stands for the rules' 5-minute idle window; the token
 counter over the report's window for their 2-minute one. Its cases are tabled beside the rules' own in
-`tests/test_verdict.py`.
+`tests/unit/report/test_verdict.py`.
 """
 
 from __future__ import annotations

@@ -41,7 +41,7 @@ class XidClass:
 
 # NVIDIA's Xid catalog (docs.nvidia.com/deploy/xid-errors, resolution column): the Xids the rules alert on, with
 # the same sets and windows as InferenceServerGpuFault and InferenceServerGpuApplicationFault
-# (tests/test_rules.py holds them equal). Any other Xid (45 cleanup, 63 and 92 information, 94 contained ECC) is
+# (tests/shipped/test_rules.py holds them equal). Any other Xid (45 cleanup, 63 and 92 information, 94 contained ECC) is
 # counted and shown, never alerted on.
 XIDS = {
     13: XidClass("application", "a graphics engine exception"),
