@@ -100,7 +100,7 @@ def test_hanging_llamacpp_metrics_is_down_and_the_exporter_keeps_serving(exporte
     start = time.monotonic()
     for _ in range(5):
         assert e.scrape().value("stallwatch_collector_success", collector="engine_metrics") == 1
-    assert time.monotonic() - start < 2.0
+    assert time.monotonic() - start < 5.0  # five scrapes that waited for the 1 s fetch timeout would take more
 
 
 def test_page_over_the_cap_is_a_failed_fetch(exporter, engine) -> None:

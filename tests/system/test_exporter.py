@@ -151,7 +151,7 @@ def test_a_gpu_whose_calls_block_is_down_and_the_scrape_stays_fast(exporter) -> 
     """Xid 119 (a GSP RPC timeout): every NVML call on one GPU blocks for 45 s (open-gpu-kernel-modules#446). The
     scrape answers at once: that GPU reads down with its values withheld, the other GPUs and collectors as before."""
     nvml = gpus(4)
-    e = exporter(nvml={"gpus": nvml}, config="gpu: {sample_interval: 0.2s, timeout: 1s}\n")
+    e = exporter(nvml={"gpus": nvml}, config="gpu: {sample_interval: 0.2s, timeout: 3s}\n")
     e.wait_for(lambda s: len(s.samples("stallwatch_gpu_memory_used_bytes")) == 4, what="4 GPUs read")
     nvml[2]["block"] = 45
     e.nvml.update(gpus=nvml)
@@ -165,7 +165,8 @@ def test_a_gpu_whose_calls_block_is_down_and_the_scrape_stays_fast(exporter) -> 
         start = time.monotonic()
         assert e.get("/metrics")[0] == 200
         durations.append(time.monotonic() - start)
-    assert max(durations) < 1.0, durations
+    # None waited for the blocked call, nor for the 3 s timeout that marks it overdue (on a loaded machine too).
+    assert max(durations) < 3.0, durations
     assert e.scrape().value("stallwatch_gpu_up", gpu="2") == 0
 
 
@@ -360,7 +361,7 @@ def test_probe_outcomes(exporter, target: str) -> None:
         assert value(scrape, "stallwatch_probe_success", key) == 0, key
         assert value(scrape, "stallwatch_probe_http_status_code", key) == code, key
         assert value(scrape, "stallwatch_probe_failures_total", key, reason=reason) >= 1, key
-    assert 0.9 < value(scrape, "stallwatch_probe_duration_seconds", "hang") < 2
+    assert 0.9 < value(scrape, "stallwatch_probe_duration_seconds", "hang") < 10  # cut at its 1 s timeout
     assert value(scrape, "stallwatch_probe_last_success_timestamp_seconds", "503") is None
     assert value(scrape, "stallwatch_server_up", "ok") is None  # not a probe series
     assert scrape.value("stallwatch_server_up", server="probed") == 0  # no such process

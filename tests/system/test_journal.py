@@ -17,6 +17,7 @@ import pytest
 from stallwatch.logs import journal
 from stallwatch.logs.journal import JournalReader
 from support.clock import Clock
+from support.harness import LOADED_MACHINE
 from support.paths import SIM_BIN
 
 FAKE = str(SIM_BIN / "journalctl")
@@ -68,7 +69,7 @@ def reader() -> Iterator[Callable[..., JournalReader]]:
         r.close()
 
 
-def collect(r: JournalReader, count: int, timeout: float = 5.0) -> list[tuple[float, bytes]]:
+def collect(r: JournalReader, count: int, timeout: float = 5.0 * LOADED_MACHINE) -> list[tuple[float, bytes]]:
     got: list[tuple[float, bytes]] = []
     deadline = time.monotonic() + timeout
     while len(got) < count and time.monotonic() < deadline:
@@ -77,7 +78,7 @@ def collect(r: JournalReader, count: int, timeout: float = 5.0) -> list[tuple[fl
     return got
 
 
-def until(condition: Callable[[], bool], timeout: float = 5.0) -> bool:
+def until(condition: Callable[[], bool], timeout: float = 5.0 * LOADED_MACHINE) -> bool:
     deadline = time.monotonic() + timeout
     while not condition():
         if time.monotonic() > deadline:
