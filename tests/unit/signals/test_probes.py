@@ -33,7 +33,7 @@ def test_a_target_that_trickles_headers_times_out_at_the_deadline() -> None:
         done.set()
         server.join(5)
     assert result.reason == "timeout" and not result.success
-    assert elapsed < 2.0, elapsed
+    assert elapsed < 5.0, elapsed  # cut at the 1 s deadline, not after the 10 s the headers trickle for
 
 
 def test_a_probe_url_with_a_bad_port_fails_without_raising() -> None:
