@@ -28,6 +28,7 @@ from stallwatch.web.routes import status_path
 from support import transcripts
 from support.harness import Engine, Exporter, free_port, gpus, poll
 from support.load import latency_quantiles, timed_get
+from support.looks import Looked, look, proc
 
 CONFIG = "defaults:\n  stall:\n    log_stale: 1s\nweb:\n  history_interval: 1s\n  show_evidence: {evidence}\n"
 # Threads that each sleep at the bottom of a deep recursion; the argv looks like an SGLang server's.
@@ -79,10 +80,8 @@ def pages(tmp: Path, seconds: float, evidence: bool) -> None:
 
 def ring_memory(servers: int, processes: int) -> None:
     """One hour of 10 s points for `servers` servers of `processes` processes each, held in memory."""
-    trees = [[SimpleNamespace(pid=1000 * s + p, create_time=1.7e9 + p, cpu_user=1.0, cpu_system=0.5)
-              for p in range(processes)] for s in range(servers)]
-    fake = [SimpleNamespace(name=f"ns/server-{s}", spec=SimpleNamespace(gpus=None), tree=lambda t=t: t,
-                            interpreter=SimpleNamespace(figures=lambda: None)) for s, t in enumerate(trees)]
+    fake = [Looked(look(f"ns/server-{s}", tree=[proc(1000 * s + p, 1.7e9 + p, cpu=1.5) for p in range(processes)]))
+            for s in range(servers)]
     now = [0.0]
     history = History(SimpleNamespace(servers=lambda: fake), interval=10.0,  # type: ignore[arg-type]
                       wall=lambda: now[0])

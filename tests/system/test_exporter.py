@@ -278,7 +278,7 @@ def test_sglang_tree_discovered_with_roles_states_and_gpu_memory(exporter, engin
     assert scrape.value("stallwatch_process_threads", server=sim.name, process="scheduler_TP3") >= 1
     assert scrape.value("stallwatch_process_cpu_seconds_total", server=sim.name, process="main", mode="user") > 0
     assert all("pid" not in ls and not re.search(r"\d{3,}", ls["process"])
-               for ls in scrape.labelsets("stallwatch_process_threads"))
+               for ls in scrape.labelsets("stallwatch_process_threads") if ls["server"] == sim.name)
     # The health URL derived from --port: refused while "loading".
     url = f"http://127.0.0.1:{sim.port}/health"
     scrape = e.wait_for(lambda s: (s.value("stallwatch_probe_failures_total", server=sim.name, url=url,

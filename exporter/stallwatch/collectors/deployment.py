@@ -23,19 +23,19 @@ class DeploymentCollector:
         authoritative = family("probe_authoritative")
         ranks, started = family("deployment_member_ranks"), family("deployment_member_ranks_started")
         for server in self.watcher.servers():
-            member = server.launch.member
+            look = server.look()
+            member = look.launch.member
             if member is None:
                 continue
-            info.add_metric([server.name, member.deployment, member.role, str(member.node_rank), str(member.nnodes)],
+            info.add_metric([look.name, member.deployment, member.role, str(member.node_rank), str(member.nnodes)],
                             1.0)
             for rank in range(member.nnodes):
-                expected.add_metric([server.name, member.deployment, str(rank)], 1.0)
+                expected.add_metric([look.name, member.deployment, str(rank)], 1.0)
             # A worker's `/health` is a constant (SGLang's dummy) or absent (vLLM headless): the head's judges.
-            authoritative.add_metric([server.name], 0.0 if member.worker else 1.0)
-            counted = server.ranks() if server.is_running() else None
-            if counted is not None:
-                ranks.add_metric([server.name], counted[0])
-                started.add_metric([server.name], counted[1])
+            authoritative.add_metric([look.name], 0.0 if member.worker else 1.0)
+            if look.ranks is not None:
+                ranks.add_metric([look.name], look.ranks[0])
+                started.add_metric([look.name], look.ranks[1])
         yield from (info, expected, authoritative, ranks, started)
 
 

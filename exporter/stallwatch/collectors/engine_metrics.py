@@ -32,9 +32,9 @@ class EngineMetricsCollector:
             if state.figures is not None:
                 _add(families, [state.server, "metrics"], state.figures)
         for server in self.watcher.servers():
-            figures = server.interpreter.figures()
-            if figures is not None:
-                _add(families, [server.name, "log"], figures)
+            look = server.look()
+            if look.log.figures is not None:
+                _add(families, [look.name, "log"], look.log.figures)
         yield from (*families, up)
 
 

@@ -76,10 +76,11 @@ class GpuCollector:
         watched: set[int] = set()
         owned: set[str] = set()
         for server in self.watcher.servers():
-            for device, memory in server_memory(server, devices):
-                held.add_metric([server.name, device.index, device.uuid], memory)
-            watched.update(s.pid for s in server.tree())
-            owned.update(str(gpu) for gpu in server.spec.gpus or ())
+            look = server.look()
+            for device, memory in server_memory(look, devices):
+                held.add_metric([look.name, device.index, device.uuid], memory)
+            watched.update(s.pid for s in look.tree)
+            owned.update(str(gpu) for gpu in look.spec.gpus or ())
         for device in devices:
             if device.processes is not None and device.index not in owned:
                 stray = sum(b for pid, b in device.processes.items() if pid not in watched)

@@ -37,13 +37,13 @@ class LogsCollector:
         events, progress = family("log_events_total"), family("log_last_progress_timestamp_seconds")
         last_event = family("log_last_event_timestamp_seconds")
         for server in self.watcher.servers():
-            for event, count in sorted(server.interpreter.snapshot().events.items()):
-                events.add_metric([server.name, event], float(count))
-            for event, at in sorted(server.interpreter.last_events().items()):
-                last_event.add_metric([server.name, event], at)
-            last_progress = server.interpreter.progress()
-            if last_progress is not None:
-                progress.add_metric([server.name], last_progress)
+            look = server.look()
+            for event, count in sorted(look.log.events.items()):
+                events.add_metric([look.name, event], float(count))
+            for event, at in sorted(look.log.last_events.items()):
+                last_event.add_metric([look.name, event], at)
+            if look.log.progress is not None:
+                progress.add_metric([look.name], look.log.progress)
         yield from (up, size, read, lines, last, age, events, last_event, progress)
 
 

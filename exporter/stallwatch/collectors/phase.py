@@ -21,13 +21,14 @@ class PhaseCollector:
         phase_family, since_family = family("startup_phase"), family("startup_phase_start_timestamp_seconds")
         loaded, expected = family("weight_shards_loaded"), family("weight_shards_expected")
         for server in self.watcher.servers():
-            now = server.interpreter.snapshot()
+            look = server.look()
+            now = look.log
             for name in PHASES:
-                phase_family.add_metric([server.name, name], 1.0 if name == now.phase else 0.0)
-            since_family.add_metric([server.name], now.since)
+                phase_family.add_metric([look.name, name], 1.0 if name == now.phase else 0.0)
+            since_family.add_metric([look.name], now.since)
             if now.shards_expected is not None:
-                loaded.add_metric([server.name], float(now.shards_loaded or 0))
-                expected.add_metric([server.name], float(now.shards_expected))
+                loaded.add_metric([look.name], float(now.shards_loaded or 0))
+                expected.add_metric([look.name], float(now.shards_expected))
         yield from (phase_family, since_family, loaded, expected)
 
 

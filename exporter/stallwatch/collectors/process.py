@@ -23,28 +23,27 @@ class ProcessCollector:
         states, cpu = family("server_processes"), family("process_cpu_seconds_total")
         rss, threads = family("process_resident_memory_bytes"), family("process_threads")
         for server in self.watcher.servers():
-            running = server.is_running()
-            up.add_metric([server.name], 1.0 if running else 0.0)
-            if not running:
+            look = server.look()
+            up.add_metric([look.name], 1.0 if look.running else 0.0)
+            if not look.running:
                 continue
-            tree = server.tree()
-            main = next((s for s in tree if s.role == "main"), None)
+            main = next((s for s in look.tree if s.role == "main"), None)
             if main is not None:
-                start.add_metric([server.name], main.create_time)
-            by_state = Counter(s.state for s in tree)
+                start.add_metric([look.name], main.create_time)
+            by_state = Counter(s.state for s in look.tree)
             for state in STATES:
-                states.add_metric([server.name, state], float(by_state[state]))
+                states.add_metric([look.name, state], float(by_state[state]))
             memory: dict[str, int] = defaultdict(int)
             thread_count: dict[str, int] = defaultdict(int)
-            for s in tree:
+            for s in look.tree:
                 memory[s.role] += s.rss
                 thread_count[s.role] += s.threads
-            for role, (user, system) in sorted(server.launch.ledger.update(tree).items()):
-                cpu.add_metric([server.name, role, "user"], user)
-                cpu.add_metric([server.name, role, "system"], system)
+            for role, (user, system) in sorted(look.cpu.items()):
+                cpu.add_metric([look.name, role, "user"], user)
+                cpu.add_metric([look.name, role, "system"], system)
             for role in sorted(memory):
-                rss.add_metric([server.name, role], float(memory[role]))
-                threads.add_metric([server.name, role], float(thread_count[role]))
+                rss.add_metric([look.name, role], float(memory[role]))
+                threads.add_metric([look.name, role], float(thread_count[role]))
         skipped = family("discovery_skipped_processes")
         skipped.add_metric([], float(self.watcher.skipped))
         yield from (up, start, states, cpu, rss, threads, skipped)

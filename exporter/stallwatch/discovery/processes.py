@@ -9,7 +9,7 @@ import re
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -134,6 +134,11 @@ class ProcSample:
     cpu_system: float
     rss: int
     threads: int
+
+
+def cpu_totals(tree: Iterable[ProcSample]) -> dict[ProcessKey, float]:
+    """The CPU seconds (user + system) each process of a tree has used so far, by pid and start time."""
+    return {ProcessKey(s.pid, s.create_time): s.cpu_user + s.cpu_system for s in tree}
 
 
 def role_name(cmdline: list[str], comm: str, title: re.Pattern[str] | None) -> str:

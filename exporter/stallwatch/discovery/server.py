@@ -4,6 +4,10 @@ A `Launch` is what was read of the server's main process when it was found (comm
 where to probe it, where its log is) and the CPU ledger of its tree. It is a frozen value replaced whole (at a
 relaunch, or when the port opens), so a reader that takes `server.launch` once never sees a new pid with the old
 command line. The log interpreter and the log tail live as long as the server does.
+
+Collectors and reports read a server through `look()`: one frozen `Look` of everything they need, taken under the
+server's lock. It is the one place where what readers move moves: the CPU ledger and its role cap, and the most
+rank processes the launch has had.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from stallwatch.discovery.processes import (
 from stallwatch.discovery.workload import LogSource, Workload, log_sources
 from stallwatch.engines import ENGINES
 from stallwatch.engines.base import Engine
-from stallwatch.logs.interpret import LogInterpreter
+from stallwatch.logs.interpret import LogInterpreter, PhaseSnapshot
 from stallwatch.logs.tail import LogTail
 from stallwatch.text import printable
 
@@ -71,6 +75,21 @@ class Launch:
     @property
     def pid(self) -> int | None:
         return self.key.pid if self.key is not None else None
+
+
+@dataclass(frozen=True)
+class Look:
+    """A server as one scrape or one report sees it, at one moment."""
+
+    name: str
+    spec: ServerSpec
+    engine: Engine
+    launch: Launch
+    running: bool  # its main process lives (and is no zombie)
+    tree: tuple[ProcSample, ...]  # the main process and its descendants, roles capped; () when not running
+    cpu: dict[str, tuple[float, float]]  # CPU seconds (user, system) by role over the launch: never going down
+    ranks: tuple[int, int] | None  # rank processes living, and the most the launch had; None: engine has no ranks
+    log: PhaseSnapshot
 
 
 class Server:
@@ -215,28 +234,27 @@ class Server:
         main = self.launch.process
         return main is not None and _running(main)
 
-    def tree(self) -> list[ProcSample]:
-        """Main process and all descendants, re-listed at most every TREE_CACHE_SECONDS."""
+    def look(self) -> Look:
+        """The server now. The tree is re-listed at most every TREE_CACHE_SECONDS (the collectors of one scrape
+        share one read); the CPU ledger and the rank high-water mark move here and nowhere else."""
         with self._lock:
+            launch = self.launch
+            running = launch.process is not None and _running(launch.process)
             now = time.monotonic()
-            taken, samples = self._tree
-            if now - taken < TREE_CACHE_SECONDS:
-                return samples
-            samples = self._read_tree(self.launch)
-            self._tree = (now, samples)
-            return samples
-
-    def ranks(self) -> tuple[int, int] | None:
-        """Rank processes (schedulers, workers) of the tree that live now, and the most this launch has had: a node
-        of a deployment that lost one keeps its parent (and on SGLang its dummy `/health`) alive. None when the
-        engine names no rank processes."""
-        spec = self.engine.multinode
-        if spec is None:
-            return None
-        live = sum(1 for s in self.tree() if s.state != "Z" and spec.rank_role.search(s.role))
-        with self._lock:
-            self._ranks_started = max(self._ranks_started, live)
-            return live, self._ranks_started
+            taken, tree = self._tree
+            if now - taken >= TREE_CACHE_SECONDS:
+                tree = self._read_tree(launch)
+                self._tree = (now, tree)
+            tree = tree if running else []
+            cpu = launch.ledger.update(tree)
+            ranks = None
+            spec = self.engine.multinode
+            if spec is not None and running:
+                live = sum(1 for s in tree if s.state != "Z" and spec.rank_role.search(s.role))
+                self._ranks_started = max(self._ranks_started, live)
+                ranks = live, self._ranks_started
+            log = self.interpreter.snapshot()  # its lock is taken inside this one only (never the other way)
+        return Look(self.name, self.spec, self.engine, launch, running, tuple(tree), cpu, ranks, log)
 
     def _read_tree(self, launch: Launch) -> list[ProcSample]:
         main = launch.process

@@ -13,7 +13,6 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import NamedTuple
 
 from stallwatch.engines.base import EVENTS, Engine, Figures, Rule
 from stallwatch.logs.formats import ANSI
@@ -46,12 +45,20 @@ class Matcher:
         self.launch = re.compile(b"|".join(launch) or b"(?!)", re.MULTILINE)
 
 
-class PhaseSnapshot(NamedTuple):
+@dataclass(frozen=True)
+class PhaseSnapshot:
+    """What the log (with the process and probes) says of a server at one moment, taken under one lock."""
+
     phase: str
-    since: float
+    since: float  # when the phase began, seconds since the epoch
     shards_loaded: int | None
     shards_expected: int | None
-    events: dict[str, int]
+    events: dict[str, int]  # each event's count
+    last_events: dict[str, float]  # when each was last counted
+    progress: float | None  # when a line that is not a heartbeat last came
+    timeline: tuple[str, ...]  # the phases of the current launch, in order
+    launches: int  # launches seen, the replayed ones included
+    figures: Figures | None  # running, waiting and generated tokens from the stats lines; None before the first
 
 
 @dataclass
@@ -74,28 +81,29 @@ class ShardBars:
 
 class LogInterpreter:
     """Current phase, when it began, weight shard progress, event counts, last progress and stats-line figures of
-    one server. Fed from one log thread; read by any under its lock."""
+    one server. Fed by the log follower (`feed`), discovery (`process_started`, `process_gone`) and the probes
+    (`probe_succeeded`), each under its lock; read whole by `snapshot()`. Its state is its own."""
 
     def __init__(self, engine: Engine, wall: Callable[[], float] = time.time,
                  tap: Callable[[bytes], None] | None = None) -> None:
         """`tap` sees every block fed, ANSI codes stripped (a server's `LogTail`)."""
-        self.engine = engine
-        self.matcher = Matcher(engine)
+        self._engine = engine
+        self._matcher = Matcher(engine)
         self._wall = wall
         self._lock = threading.Lock()
-        self.phase = "stopped"
-        self.since = wall()
-        self.shards = ShardBars()
-        self.events: Counter[str] = Counter({event: 0 for event in EVENTS})
-        self.last_events_at: dict[str, float] = {}
-        self.launches = 0
-        self.last_launch = float("-inf")
-        self.fatal_in_launch = False
-        self.stopping = False  # the engine said it was asked to stop, in this launch
-        self.banner_seen = False  # the engine's launch banner, in this launch
-        self.last_progress: float | None = None  # when a line that is not a heartbeat last came
-        self.stats = StatsLineIntegrator(engine.stats_lines)
-        self._timeline: list[str] = [self.phase]  # the phases of the current launch, in order
+        self._phase = "stopped"
+        self._since = wall()
+        self._shards = ShardBars()
+        self._events: Counter[str] = Counter({event: 0 for event in EVENTS})
+        self._last_events_at: dict[str, float] = {}
+        self._launches = 0
+        self._last_launch = float("-inf")
+        self._fatal_in_launch = False
+        self._stopping = False  # the engine said it was asked to stop, in this launch
+        self._banner_seen = False  # the engine's launch banner, in this launch
+        self._last_progress: float | None = None  # when a line that is not a heartbeat last came
+        self._stats = StatsLineIntegrator(engine.stats_lines)
+        self._timeline: list[str] = [self._phase]  # the phases of the current launch, in order
         self.tap = tap
 
     # -- log input -------------------------------------------------------------------------------------
@@ -108,14 +116,14 @@ class LogInterpreter:
         with self._lock:
             self._progress(block)
             # Read before the bulk skip below drops the stats lines; counted after the block's launch lines.
-            stats = self.stats.read(block) if count_events and self.stats.lines else []
-            if self.phase == "serving" and self.matcher.routine_lines is not None:
-                block = self.matcher.routine_lines.sub(b"", block)
+            stats = self._stats.read(block) if count_events and self._stats.lines else []
+            if self._phase == "serving" and self._matcher.routine_lines is not None:
+                block = self._matcher.routine_lines.sub(b"", block)
             events = self._scan(block, count_events)
             if events:
                 self._count(events)
             if stats:
-                self.stats.apply(stats, self._wall())
+                self._stats.apply(stats, self._wall())
 
     def _scan(self, block: bytes, count_events: bool) -> list[str]:
         """Run the candidate lines through the rules; the events they count, one per line and event."""
@@ -123,7 +131,7 @@ class LogInterpreter:
         pos, size, candidates = 0, len(block), 0
         newline = -1  # the first `\n` at or after the last hit; `size` when there is none
         while pos < size and candidates < MAX_CANDIDATE_LINES:
-            compiled = self.matcher.serving if self.phase == "serving" else self.matcher.startup
+            compiled = self._matcher.serving if self._phase == "serving" else self._matcher.startup
             if compiled.prefilter is None:
                 at = pos
             else:
@@ -141,43 +149,43 @@ class LogInterpreter:
 
     def _progress(self, block: bytes) -> None:
         """A block with a line that is not a heartbeat is progress (a replayed one is dated by `recovered`)."""
-        heartbeats, lines = self.matcher.heartbeats, self.matcher.heartbeat_lines
+        heartbeats, lines = self._matcher.heartbeats, self._matcher.heartbeat_lines
         if heartbeats is not None and lines is not None and heartbeats.search(block) is not None:
             block = lines.sub(b"", block)  # what is left is the lines that are not heartbeats
         if block and not block.isspace():
-            self.last_progress = self._wall()
+            self._last_progress = self._wall()
 
     def _line(self, matches: Iterator[tuple[str, re.Match[bytes]]], rules: dict[str, Rule],
               count_events: bool) -> set[str]:
         seen: set[str] = set()
         for group, match in matches:
             if group == SHARDS:
-                self._shards(match.group(0))
+                self._shard_line(match.group(0))
                 self._line_phase("loading_weights", count_events)
                 continue
             r = rules[group]
-            if r.stop and self.phase != "failed":
-                self.stopping = True
-            if self.stopping and (r.event == "fatal" or r.phase == "failed"):
+            if r.stop and self._phase != "failed":
+                self._stopping = True
+            if self._stopping and (r.event == "fatal" or r.phase == "failed"):
                 continue  # the engine's own shutdown (children ended by its SIGTERM), not a crash
             if r.event and count_events:  # one count per line and event
                 seen.add(r.event)
             if r.event == "fatal":
-                self.fatal_in_launch = True
+                self._fatal_in_launch = True
             if r.phase is not None:
                 self._line_phase(r.phase, count_events, r.launch)
         return seen
 
     def _count(self, events: list[str]) -> None:
         """Count a block's events at once: one clock read for the block, not one per line."""
-        self.events.update(events)
+        self._events.update(events)
         now = self._wall()
-        self.last_events_at.update(dict.fromkeys(events, now))
+        self._last_events_at.update(dict.fromkeys(events, now))
 
-    def _shards(self, text: bytes) -> None:
-        found = self.matcher.shards.search(text) if self.matcher.shards else None
+    def _shard_line(self, text: bytes) -> None:
+        found = self._matcher.shards.search(text) if self._matcher.shards else None
         if found:
-            self.shards.update(int(found.group(1)), int(found.group(2)))
+            self._shards.update(int(found.group(1)), int(found.group(2)))
 
     def _line_phase(self, phase: str, count_events: bool, banner: bool = False) -> None:
         if phase == "launching":
@@ -185,86 +193,69 @@ class LogInterpreter:
             # it `serving` before the log was read; a later one starts a new launch once this one got past
             # launching (a wrapper's banner before the engine's does not). Any other launching line (a draft
             # model's distributed init) starts one only when none was seen.
-            if self.launches == 0 or (banner and self.banner_seen and self.phase != "launching"):
+            if self._launches == 0 or (banner and self._banner_seen and self._phase != "launching"):
                 self._launch(count_events)
-            self.banner_seen = self.banner_seen or banner
+            self._banner_seen = self._banner_seen or banner
             return
-        if self.phase == "failed" or (self.phase == "serving" and phase != "failed"):
+        if self._phase == "failed" or (self._phase == "serving" and phase != "failed"):
             return  # only a new launch leaves `failed`; only a failure leaves `serving`
         self._enter(phase)
 
     def _launch(self, count_restart: bool) -> None:
-        self.launches += 1
-        if self.launches > 1 and count_restart:
+        self._launches += 1
+        if self._launches > 1 and count_restart:
             self._count(["server_restart"])
-        self.last_launch = self._wall()
-        self.shards = ShardBars()
-        self.fatal_in_launch = self.stopping = self.banner_seen = False
-        self.stats.relaunched()
+        self._last_launch = self._wall()
+        self._shards = ShardBars()
+        self._fatal_in_launch = self._stopping = self._banner_seen = False
+        self._stats.relaunched()
         self._enter("launching")
         self._timeline = ["launching"]
 
     def _enter(self, phase: str) -> None:
-        if phase != self.phase:
-            self.phase = phase
-            self.since = self._wall()
+        if phase != self._phase:
+            self._phase = phase
+            self._since = self._wall()
             self._timeline = [*self._timeline[-31:], phase]
 
     def use(self, engine: Engine) -> None:
         """Read the next lines with `engine`'s rules (a server found to be a worker node reads its own)."""
-        if engine is self.engine:
+        if engine is self._engine:
             return
         matcher = Matcher(engine)
         with self._lock:
-            self.engine, self.matcher = engine, matcher
+            self._engine, self._matcher = engine, matcher
 
     # -- other signals ---------------------------------------------------------------------------------
     def process_started(self, create_time: float) -> None:
         """A new main process: a launch, unless its log already said so."""
         with self._lock:
-            if self.last_launch < create_time - 1.0:
+            if self._last_launch < create_time - 1.0:
                 self._launch(count_restart=True)
 
     def process_gone(self) -> None:
         with self._lock:
-            self._enter("failed" if self.fatal_in_launch or self.phase == "failed" else "stopped")
+            self._enter("failed" if self._fatal_in_launch or self._phase == "failed" else "stopped")
 
     def probe_succeeded(self, at: float) -> None:
         """A health probe that answered after the phase began: the server is serving."""
         with self._lock:
-            if self.phase != "serving" and at > self.since:
+            if self._phase != "serving" and at > self._since:
                 self._enter("serving")
 
     def recovered(self, since: float) -> None:
         """After replaying an existing log at exporter start, date the phase from the file's mtime."""
         with self._lock:
-            self.since = min(self.since, since)
-            if self.last_progress is not None:
-                self.last_progress = min(self.last_progress, since)
-
-    def progress(self) -> float | None:
-        with self._lock:
-            return self.last_progress
-
-    def figures(self) -> Figures | None:
-        """Running, waiting and generated tokens from the engine's stats lines; None before the first one."""
-        with self._lock:
-            return self.stats.figures()
-
-    def timeline(self) -> list[str]:
-        """The phases of the current launch, in order."""
-        with self._lock:
-            return list(self._timeline)
+            self._since = min(self._since, since)
+            if self._last_progress is not None:
+                self._last_progress = min(self._last_progress, since)
 
     def has_launch(self, text: bytes) -> bool:
         """Whether `text` holds a line that starts a launch (where a restarted exporter replays a log from)."""
-        return self.matcher.launch.search(text) is not None
+        return self._matcher.launch.search(text) is not None
 
     def snapshot(self) -> PhaseSnapshot:
         with self._lock:
-            return PhaseSnapshot(self.phase, self.since, *self.shards.progress(), dict(self.events))
-
-    def last_events(self) -> dict[str, float]:
-        """When each kind of event was last counted, seconds since the epoch."""
-        with self._lock:
-            return dict(self.last_events_at)
+            return PhaseSnapshot(self._phase, self._since, *self._shards.progress(), dict(self._events),
+                                 dict(self._last_events_at), self._last_progress, tuple(self._timeline),
+                                 self._launches, self._stats.figures())

@@ -17,7 +17,15 @@ from dataclasses import dataclass, field
 
 from stallwatch.discovery.server import Server
 from stallwatch.report.model import Observation, ProbeInfo, ProcessInfo, ServerReport, StackGroup
-from stallwatch.report.observe import assemble, engine_info, gpu_section, port_info, probe_info, processes_since
+from stallwatch.report.observe import (
+    assemble,
+    engine_info,
+    gpu_section,
+    made_in_window,
+    port_info,
+    probe_info,
+    processes_since,
+)
 from stallwatch.report.stacks import stacks
 from stallwatch.runtime import Runtime
 from stallwatch.signals.engine_page import figures_of
@@ -65,37 +73,37 @@ class StatusPages:
 
     def view(self, server: Server) -> StatusView:
         runtime = self.runtime
-        points = runtime.history.points(server.name) if runtime.history is not None else []
+        look = server.look()
+        points = runtime.history.points(look.name) if runtime.history is not None else []
         now = self._wall()
         page = runtime.engine_pages.state(server) if runtime.engine_pages is not None else None
-        source, figures = figures_of(server, page)
+        source, figures = figures_of(look, page)
         # One window for CPU and tokens: from a point whose tokens came the way they come now, where there is one
         # (the engine's page answers a few seconds after the first points were taken).
         same_source = [p for p in points if figures is not None and p.tokens and p.tokens[0] == source]
         start = window_start(same_source or points, now)
-        processes = processes_since(server, start.cpu if start is not None else {}, runtime.config.paths.procfs)
-        made = None
-        if figures is not None and start is not None and start.tokens is not None and start.tokens[0] == source:
-            made = figures.tokens - start.tokens[1]
+        processes = processes_since(look.tree, start.cpu if start is not None else {}, runtime.config.paths.procfs)
         seen = Observation(
             window=now - start.at if start is not None else 0.0,
             processes=processes,
-            stacks=self._stacks_of(server, processes) if self.evidence else [],
-            port=port_info(server.launch, self._probes(server)),
-            engine=engine_info((source, figures), made, page.error if page is not None else ""),
-            gpu=gpu_section(server, runtime),
+            stacks=self._stacks_of(look.name, processes) if self.evidence else [],
+            port=port_info(look.launch, self._probes(look.name)),
+            engine=engine_info((source, figures), made_in_window(start.tokens if start is not None else None,
+                                                                 (source, figures)),
+                               page.error if page is not None else ""),
+            gpu=gpu_section(look, runtime),
             log_lines=server.tail.lines() if self.evidence and server.tail is not None else [],
         )
-        return StatusView(assemble(server, seen), points, self.evidence)
+        return StatusView(assemble(look, seen), points, self.evidence)
 
-    def _stacks_of(self, server: Server, processes: list[ProcessInfo]) -> list[StackGroup]:
+    def _stacks_of(self, name: str, processes: list[ProcessInfo]) -> list[StackGroup]:
         """The server's stacks: taken anew in the background when older than STACK_TTL_SECONDS (one round per
         server at a time, so reloads cannot pile rounds up), waited for at most STACK_WAIT_SECONDS."""
         with self._stacks_lock:
-            entry = self._round(server.name)
+            entry = self._round(name)
             if entry.running is None and time.monotonic() - entry.taken >= STACK_TTL_SECONDS:
                 entry.running = threading.Thread(target=self._take, args=(entry, processes),
-                                                 name=f"stacks of {server.name}", daemon=True)
+                                                 name=f"stacks of {name}", daemon=True)
                 entry.running.start()
             running = entry.running
         if running is not None:
@@ -121,10 +129,10 @@ class StatusPages:
             del self._stacks[gone]
         return self._stacks.setdefault(name, _StackRound())
 
-    def _probes(self, server: Server) -> list[ProbeInfo]:
+    def _probes(self, name: str) -> list[ProbeInfo]:
         prober = self.runtime.probes
         return [probe_info(state.url, state.last, state.unreachable or "not made yet")
-                for state in (prober.states() if prober is not None else []) if state.server == server.name]
+                for state in (prober.states() if prober is not None else []) if state.server == name]
 
 
 def window_start(points: list[Point], now: float) -> Point | None:

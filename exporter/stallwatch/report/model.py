@@ -9,7 +9,7 @@ from pathlib import Path
 SCHEMA = Path(__file__).parent / "diagnose.schema.json"
 
 
-@dataclass
+@dataclass(frozen=True)
 class DeploymentInfo:
     """The server as one node of a multi-node deployment (`discovery/deployment.py`)."""
 
@@ -21,7 +21,7 @@ class DeploymentInfo:
     ranks_started: int | None  # the most this launch has had
 
 
-@dataclass
+@dataclass(frozen=True)
 class Identity:
     engine: str
     model: str
@@ -36,7 +36,7 @@ class Identity:
     deployment: DeploymentInfo | None = None  # None: a single-node server
 
 
-@dataclass
+@dataclass(frozen=True)
 class PhaseInfo:
     phase: str
     since: float
@@ -48,7 +48,7 @@ class PhaseInfo:
     shards_expected: int | None
 
 
-@dataclass
+@dataclass(frozen=True)
 class XidInfo:
     xid: int
     count: int  # NVML's events since the exporter started (0: seen only in the kernel log)
@@ -61,7 +61,7 @@ class XidInfo:
     detail: str = ""  # the rest of that line
 
 
-@dataclass
+@dataclass(frozen=True)
 class GpuInfo:
     index: str
     uuid: str
@@ -78,14 +78,14 @@ class GpuInfo:
     xids: list[XidInfo] = field(default_factory=list)  # the Xids it reported while the exporter watched
 
 
-@dataclass
+@dataclass(frozen=True)
 class GpuSection:
     nvml_up: bool
     error: str
     gpus: list[GpuInfo] = field(default_factory=list)
 
 
-@dataclass
+@dataclass(frozen=True)
 class ProcessInfo:
     pid: int
     role: str
@@ -94,21 +94,21 @@ class ProcessInfo:
     wchan: str  # the kernel wait channel of a process in D state
 
 
-@dataclass
+@dataclass(frozen=True)
 class Frame:
     function: str
     location: str
     wait: bool
 
 
-@dataclass
+@dataclass(frozen=True)
 class ThreadStack:
     name: str
     status: str
     frames: list[Frame]
 
 
-@dataclass
+@dataclass(frozen=True)
 class StackGroup:
     """Processes whose stacks are identical (TP ranks), printed once."""
 
@@ -118,7 +118,7 @@ class StackGroup:
     error: str  # why py-spy gave no stack
 
 
-@dataclass
+@dataclass(frozen=True)
 class ProbeInfo:
     url: str
     success: bool | None  # None: not made
@@ -127,7 +127,7 @@ class ProbeInfo:
     duration_seconds: float
 
 
-@dataclass
+@dataclass(frozen=True)
 class PortInfo:
     port: int | None
     listening: bool | None
@@ -135,7 +135,7 @@ class PortInfo:
     probes: list[ProbeInfo]
 
 
-@dataclass
+@dataclass(frozen=True)
 class EngineInfo:
     source: str  # metrics | log | "" (none)
     running: float | None
@@ -145,20 +145,20 @@ class EngineInfo:
     error: str
 
 
-@dataclass
+@dataclass(frozen=True)
 class LogInfo:
     sources: list[str]
     lines: list[str]
     events: dict[str, int]
 
 
-@dataclass
+@dataclass(frozen=True)
 class Verdict:
     status: str  # healthy | starting | stalled | failed | down
     text: str
 
 
-@dataclass
+@dataclass(frozen=True)
 class ServerReport:
     name: str
     identity: Identity
@@ -173,7 +173,7 @@ class ServerReport:
     verdict: Verdict
 
 
-@dataclass
+@dataclass(frozen=True)
 class Report:
     version: str
     generated_at: float
@@ -184,7 +184,7 @@ class Report:
         return 1 if any(s.verdict.status in ("stalled", "failed", "down") for s in self.servers) else 0
 
 
-@dataclass
+@dataclass(frozen=True)
 class Observation:
     """What was seen of a server: by diagnose's own look over a short window (`oneshot`), or from the exporter's
     running state (`live`). Log lines and stacks are empty where they are not to be shown."""

@@ -1,14 +1,17 @@
 """What is seen of a server, shared by the one-shot report (`oneshot`) and the live one (`live`): its identity,
 phase, GPUs, processes with their CPU over a window, port and probes, and the engine's figures; and the report
-assembled from what was seen, with its verdict."""
+assembled from what was seen, with its verdict. Everything here is built from values: a server's `Look` (one
+`Server.look()`), the devices and probe results read, never the live server."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from stallwatch.discovery.server import Launch, Server
+from stallwatch.discovery.processes import ProcSample
+from stallwatch.discovery.server import Launch, Look, Server
 from stallwatch.discovery.watcher import Watcher
 from stallwatch.engines.base import Figures
 from stallwatch.report.model import (
@@ -51,45 +54,43 @@ def select(watcher: Watcher, name: str | None) -> list[Server]:
     return chosen
 
 
-def assemble(server: Server, seen: Observation) -> ServerReport:
-    """The report on `server` from what was seen of it, with the verdict."""
-    events = {event: count for event, count in sorted(server.interpreter.snapshot().events.items()) if count}
-    launch = server.launch
-    report = ServerReport(
-        name=server.name, identity=identity(launch, server), phase=phase_info(server), gpu=seen.gpu,
+def assemble(look: Look, seen: Observation) -> ServerReport:
+    """The report on a server from one look at it and what was seen of it, with the verdict on both."""
+    launch = look.launch
+    events = {event: count for event, count in sorted(look.log.events.items()) if count}
+    facts = ServerReport(
+        name=look.name, identity=identity(look), phase=phase_info(look), gpu=seen.gpu,
         window_seconds=seen.window, processes=seen.processes, stacks=seen.stacks, port=seen.port,
         engine_figures=seen.engine, log=LogInfo([source.path for source in launch.log_sources], seen.log_lines, events),
         verdict=Verdict("", ""))
-    report.verdict = verdict(report, server.spec.stall.gpu_memory_bytes, server.spec.stall.log_stale)
-    return report
+    stall = look.spec.stall
+    return dataclasses.replace(facts, verdict=verdict(facts, stall.gpu_memory_bytes, stall.log_stale))
 
 
-def identity(launch: Launch, server: Server) -> Identity:
-    w = launch.workload
-    member = launch.member
+def identity(look: Look) -> Identity:
+    launch = look.launch
+    w, member = launch.workload, launch.member
     deployment = None
     if member is not None:
-        ranks = server.ranks() if server.is_running() else None
         deployment = DeploymentInfo(member.deployment, member.role, member.node_rank, member.nnodes,
-                                    *(ranks if ranks is not None else (None, None)))
-    return Identity(server.engine.name, launch.model, launch.tensor_parallel, w.runtime, w.namespace, w.pod,
+                                    *(look.ranks if look.ranks is not None else (None, None)))
+    return Identity(look.engine.name, launch.model, launch.tensor_parallel, w.runtime, w.namespace, w.pod,
                     w.container, w.unit, launch.pid, launch.port, deployment)
 
 
-def phase_info(server: Server) -> PhaseInfo:
-    snap = server.interpreter.snapshot()
+def phase_info(look: Look) -> PhaseInfo:
+    snap = look.log
     now = time.time()
-    progress = server.interpreter.progress()
     return PhaseInfo(
         phase=snap.phase, since=snap.since, seconds=max(0.0, now - snap.since),
-        quiet_seconds=max(0.0, now - (progress if progress is not None else snap.since)),
-        timeline=server.interpreter.timeline(),
+        quiet_seconds=max(0.0, now - (snap.progress if snap.progress is not None else snap.since)),
+        timeline=list(snap.timeline),
         timeline_note="phases of the current launch in order, from the log replay; their times are not in the log "
                       "tail (the exporter's state timeline panel has them)",
         shards_loaded=snap.shards_loaded, shards_expected=snap.shards_expected)
 
 
-def gpu_section(server: Server, runtime: Runtime) -> GpuSection:
+def gpu_section(look: Look, runtime: Runtime) -> GpuSection:
     """The GPUs now, each with what the server holds on it, its power and recovery action and the Xids it reported
     (NVML's events, with the kernel log's last line of each where it is readable); no NVML in the runtime: the gpu
     collector is off (and NVML is left alone)."""
@@ -98,11 +99,11 @@ def gpu_section(server: Server, runtime: Runtime) -> GpuSection:
     found = runtime.nvml.read_devices()
     if not found.up:
         return GpuSection(False, found.error)
-    held = {device.index: memory for device, memory in server_memory(server, found.devices)}
+    held = {device.index: memory for device, memory in server_memory(look, found.devices)}
     events = {(c.uuid, int(c.xid)): c for c in (runtime.xid.counts() if runtime.xid is not None else [])}
     lines = {(line.pci, line.xid): line
              for line in (runtime.kernel_xids.latest() if runtime.kernel_xids is not None else [])}
-    roles = {s.pid: s.role for s in server.tree()}
+    roles = {s.pid: s.role for s in look.tree}
     gpus = [GpuInfo(d.index, d.uuid, d.name, d.used, d.total, held.get(d.index), d.utilization, d.busy_ratio,
                     d.busy_window, d.health.power_watts, d.health.power_limit_watts,
                     None if d.health.recovery_action is None else int(d.health.recovery_action),
@@ -128,10 +129,12 @@ def _xids(device: Device, events: Mapping[tuple[str, int], XidCount], lines: Map
     return sorted(out, key=lambda x: x.seconds_ago)
 
 
-def processes_since(server: Server, earlier: Mapping[tuple[int, float], float], procfs: str) -> list[ProcessInfo]:
-    """The tree now, with the CPU seconds each process used since `earlier` (its totals by pid and start time)."""
+def processes_since(tree: Iterable[ProcSample], earlier: Mapping[tuple[int, float], float],
+                    procfs: str) -> list[ProcessInfo]:
+    """The tree now, with the CPU seconds each process used since `earlier` (its totals by pid and start time:
+    `processes.cpu_totals` of a tree taken before)."""
     out = []
-    for s in server.tree():
+    for s in tree:
         used = s.cpu_user + s.cpu_system - earlier.get((s.pid, s.create_time), s.cpu_user + s.cpu_system)
         out.append(ProcessInfo(s.pid, s.role, s.state, max(0.0, used), _wchan(procfs, s.pid) if s.state == "D" else ""))
     return out
@@ -154,6 +157,15 @@ def probe_info(url: str, result: Result | None, why: str) -> ProbeInfo:
 def port_info(launch: Launch, probes: list[ProbeInfo]) -> PortInfo:
     listening = None if launch.listening is None else bool(launch.listening)
     return PortInfo(launch.port, listening, list(launch.listening or ()), probes)
+
+
+def made_in_window(then: tuple[str, float] | None, now: tuple[str, Figures | None]) -> float | None:
+    """The tokens generated since `then` (a source and its token count), where it and `now` count from the same
+    source: the engine's page and its stats lines count from different starts."""
+    source, figures = now
+    if then is None or figures is None or then[0] != source:
+        return None
+    return figures.tokens - then[1]
 
 
 def engine_info(figures: tuple[str, Figures | None], made: float | None, error: str) -> EngineInfo:

@@ -12,14 +12,15 @@ import time
 from dataclasses import dataclass
 
 from stallwatch import __version__
-from stallwatch.discovery.processes import ProcSample
-from stallwatch.discovery.server import Server
+from stallwatch.discovery.processes import ProcessKey, cpu_totals
+from stallwatch.discovery.server import Look, Server
 from stallwatch.engines.base import Figures
 from stallwatch.report.model import Observation, Report
 from stallwatch.report.observe import (
     assemble,
     engine_info,
     gpu_section,
+    made_in_window,
     port_info,
     probe_info,
     processes_since,
@@ -41,11 +42,11 @@ def gather(runtime: Runtime, name: str | None = None, window: float = 2.0) -> Re
         part.start()
     try:
         logs.poll()
-        before = {s.name: _Before(s.tree(), _figures(s, runtime)) for s in servers}
+        before = {s.name: _before(s, runtime) for s in servers}
         time.sleep(window)
         logs.poll()
         nvml.settle(nvml.timeout)
-        reports = [assemble(s, _observe(s, runtime, before[s.name], window)) for s in servers]
+        reports = [assemble(*_observe(s, runtime, before[s.name], window)) for s in servers]
     finally:
         logs.close()
         for part in xids:
@@ -54,30 +55,35 @@ def gather(runtime: Runtime, name: str | None = None, window: float = 2.0) -> Re
     return Report(__version__, time.time(), reports)
 
 
-@dataclass
+@dataclass(frozen=True)
 class _Before:
-    tree: list[ProcSample]
+    cpu: dict[ProcessKey, float]  # the tree's CPU totals when the window began
     figures: tuple[str, Figures | None, str]  # source, figures, why the page did not answer
 
 
-def _figures(server: Server, runtime: Runtime) -> tuple[str, Figures | None, str]:
-    """The engine's figures now: its page read now where it answers, else its stats lines'."""
+def _before(server: Server, runtime: Runtime) -> _Before:
+    look = server.look()
+    return _Before(cpu_totals(look.tree), _figures(server, look, runtime))
+
+
+def _figures(server: Server, look: Look, runtime: Runtime) -> tuple[str, Figures | None, str]:
+    """The engine's figures now: its page read now where it answers, else its stats lines' (as `look` saw them)."""
     page = required(runtime.engine_pages, "engine_metrics").read_now(server)
     figures = Figures(*page.figures, at=time.time()) if page.figures is not None else None
-    return (*figures_of(server, PageState(server.name, page.up, figures)), page.error)
+    return (*figures_of(look, PageState(server.name, page.up, figures)), page.error)
 
 
-def _observe(server: Server, runtime: Runtime, before: _Before, window: float) -> Observation:
+def _observe(server: Server, runtime: Runtime, before: _Before, window: float) -> tuple[Look, Observation]:
     prober = required(runtime.probes, "probe")
     # First: a probe that answers makes the phase `serving`, as in the exporter.
     probes = [probe_info(target.probe.url, *prober.probe_now(target, server)) for target in server.launch.probes]
-    earlier = {(s.pid, s.create_time): s.cpu_user + s.cpu_system for s in before.tree}
-    processes = processes_since(server, earlier, runtime.config.paths.procfs)
-    source, figures, error = _figures(server, runtime)
+    look = server.look()
+    source, figures, error = _figures(server, look, runtime)
+    processes = processes_since(look.tree, before.cpu, runtime.config.paths.procfs)
     then_source, then, _ = before.figures
     # Measured only where the figures moved on in the window (an idle engine prints no stats line).
-    fresh = figures is not None and then is not None and then_source == source and figures.at > then.at
-    made = figures.tokens - then.tokens if fresh and figures is not None and then is not None else None
-    return Observation(window, processes, stacks(processes), port_info(server.launch, probes),
-                       engine_info((source, figures), made, error), gpu_section(server, runtime),
-                       server.tail.lines() if server.tail else [])
+    fresh = figures is not None and then is not None and figures.at > then.at
+    made = made_in_window((then_source, then.tokens) if fresh and then is not None else None, (source, figures))
+    return look, Observation(window, processes, stacks(processes), port_info(look.launch, probes),
+                             engine_info((source, figures), made, error), gpu_section(look, runtime),
+                             server.tail.lines() if server.tail else [])

@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 import pynvml
 
-from stallwatch.discovery.server import Server
+from stallwatch.discovery.server import Look
 
 MAX_SAMPLE_SECONDS = 1.0  # NVML's sample period is 1/6 s to 1 s; a longer gap means samples were lost
 T = TypeVar("T")
@@ -212,13 +212,13 @@ def _field(handle: object, field_id: int) -> float:
     return float(getattr(value.value, _FIELD_VALUE.get(value.valueType, "ullVal")))
 
 
-def server_memory(server: Server, devices: list[Device]) -> list[tuple[Device, float]]:
+def server_memory(look: Look, devices: list[Device]) -> list[tuple[Device, float]]:
     """The memory the server holds on each device it uses: its listed GPUs whole (containers without hostPID
     see other pids), else what NVML lists for its tree's processes."""
-    gpus = server.spec.gpus
+    gpus = look.spec.gpus
     if gpus is not None:
         return [(device, device.used) for device in devices if int(device.index) in gpus]
-    pids = {s.pid for s in server.tree()}
+    pids = {s.pid for s in look.tree}
     out = []
     for device in devices:
         if device.processes is None or not pids:

@@ -25,7 +25,7 @@ from urllib.parse import urlsplit
 from stallwatch.config import CollectorSettings
 from stallwatch.config.reader import setting
 from stallwatch.config.values import LOOP_INTERVAL, positive_duration
-from stallwatch.discovery.server import Server
+from stallwatch.discovery.server import Look, Server
 from stallwatch.engines.base import Figures, MetricsSpec
 from stallwatch.loops import PerServerLoops
 from stallwatch.signals.probes import fetch
@@ -205,10 +205,10 @@ class EnginePageManager:
         return next((s for s in self.states() if s.server == server.name), None)
 
 
-def figures_of(server: Server, page: PageState | None) -> tuple[str, Figures | None]:
+def figures_of(look: Look, page: PageState | None) -> tuple[str, Figures | None]:
     """The engine's figures as the exporter reads them, and their source: its page's once the page answered
     (`metrics`), else its stats lines' (`log`), else none (`""`)."""
     if page is not None and page.figures is not None:
         return "metrics", page.figures
-    figures = server.interpreter.figures()
+    figures = look.log.figures
     return ("log", figures) if figures is not None else ("", None)

@@ -15,8 +15,8 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from stallwatch.discovery.processes import ProcessKey
-from stallwatch.discovery.server import Server
+from stallwatch.discovery.processes import ProcessKey, cpu_totals
+from stallwatch.discovery.server import Look
 from stallwatch.discovery.watcher import Watcher
 from stallwatch.engines.base import Figures
 from stallwatch.loops import run_every
@@ -64,7 +64,8 @@ class History:
         lines = self._log_lines()
         pages = {s.server: s for s in self.pages.states()} if self.pages is not None else {}
         now = self._wall()
-        fresh = {s.name: _point(s, now, devices, lines, figures_of(s, pages.get(s.name))) for s in servers}
+        looks = [s.look() for s in servers]
+        fresh = {look.name: _point(look, now, devices, lines, figures_of(look, pages.get(look.name))) for look in looks}
         with self._lock:
             for name in set(self._rings) - set(fresh):
                 del self._rings[name]
@@ -96,17 +97,17 @@ class History:
         self._stop.set()
 
 
-def _point(server: Server, now: float, devices: list[Device] | None, lines: dict[str, int] | None,
+def _point(look: Look, now: float, devices: list[Device] | None, lines: dict[str, int] | None,
            figures: tuple[str, Figures | None]) -> Point:
     memory = utilization = None
     if devices is not None:
-        held = server_memory(server, devices)
+        held = server_memory(look, devices)
         memory = sum(b for _, b in held)
         busy = [d.utilization for d, _ in held if d.utilization is not None]
         utilization = max(busy) if busy else None
     source, found = figures
     return Point(
         at=now, gpu_memory_bytes=memory, gpu_utilization=utilization,
-        log_lines=None if lines is None else lines.get(server.name, 0),
-        cpu={ProcessKey(s.pid, s.create_time): s.cpu_user + s.cpu_system for s in server.tree()},
+        log_lines=None if lines is None else lines.get(look.name, 0),
+        cpu=cpu_totals(look.tree),
         tokens=(source, found.tokens) if found is not None else None)

@@ -42,10 +42,10 @@ def _landing(watcher: Watcher, telemetry_path: str, status: bool) -> Response:
         return f'<td><a href="{html.escape(status_path(text))}">{html.escape(display(text))}</a></td>'
 
     rows = "".join(
-        f"<tr>{name(s.name)}{cell(s.engine.name)}{cell('up' if s.is_running() else 'down')}"
-        f"{cell(', '.join(_probe_text(p) for p in s.launch.probes))}"
-        f"{cell(', '.join(source.path for source in s.launch.log_sources))}</tr>"
-        for s in watcher.servers()
+        f"<tr>{name(look.name)}{cell(look.engine.name)}{cell('up' if look.running else 'down')}"
+        f"{cell(', '.join(_probe_text(p) for p in look.launch.probes))}"
+        f"{cell(', '.join(source.path for source in look.launch.log_sources))}</tr>"
+        for look in (s.look() for s in watcher.servers())
     ) or '<tr><td colspan="5">none yet</td></tr>'
     body = (
         "<!DOCTYPE html><html><head><title>stallwatch</title></head><body>"

@@ -107,7 +107,7 @@ def test_line_bounds_look_at_each_byte_a_bounded_number_of_times(end: bytes) -> 
     interpreter = LogInterpreter(ENGINES["sglang"])
     interpreter.feed(block)
     assert interpreter.snapshot().events["fatal"] == 2000
-    figures = interpreter.figures()  # the stats line of each DP rank, read back from the end
+    figures = interpreter.snapshot().figures  # the stats line of each DP rank, read back from the end
     assert figures is not None and figures.running == 64
     assert block.looked < 4 * len(block), f"{block.looked / len(block):.0f} looks a byte"
 
@@ -127,10 +127,10 @@ def test_heartbeat_blocks_are_judged_without_a_python_loop_over_lines() -> None:
     beats = transcripts.tgi_shard_stuck(1200).split("rank=1\n", 2)[2].encode()
     block = Scanned(beats * 40)
     interpreter.feed(block)
-    assert interpreter.progress() is None and block.splits == 0
+    assert interpreter.snapshot().progress is None and block.splits == 0
     now[0] = 1010.0
     interpreter.feed(Scanned(beats + b"2026-11-20T09:20:05Z  INFO shard-manager: Shard ready in 1201.2s rank=0\n"))
-    assert interpreter.progress() == 1010.0
+    assert interpreter.snapshot().progress == 1010.0
 
 
 @pytest.mark.parametrize("stop", ["sglang-sigterm-stop.log", "sglang-sigterm-group-stop.log"])
@@ -210,7 +210,7 @@ def test_tgi_method_error_while_serving_is_not_fatal() -> None:
 def test_sglang_eagle3_launch_is_one_launch_with_both_shard_bars() -> None:
     interpreter = fed("sglang", t.real("sglang-eagle3-launch.log"))
     snap = interpreter.snapshot()
-    assert snap.phase == "serving" and snap.events["server_restart"] == 0 and interpreter.launches == 1
+    assert snap.phase == "serving" and snap.events["server_restart"] == 0 and snap.launches == 1
     assert (snap.shards_loaded, snap.shards_expected) == (5, 5)  # the target's 4 and the draft's 1
     assert phase_steps("sglang", t.real("sglang-eagle3-launch.log")) == [
         "stopped", "launching", "loading_weights", "allocating_memory", "capturing_graphs",
@@ -221,7 +221,7 @@ def test_sglang_eagle3_launch_is_one_launch_with_both_shard_bars() -> None:
 def test_sglang_dflash_launch_is_one_launch() -> None:
     interpreter = fed("sglang", t.real("sglang-dflash-launch.log"))
     snap = interpreter.snapshot()
-    assert snap.phase == "serving" and snap.events["server_restart"] == 0 and interpreter.launches == 1
+    assert snap.phase == "serving" and snap.events["server_restart"] == 0 and snap.launches == 1
     assert (snap.shards_loaded, snap.shards_expected) == (6, 6)
 
 
@@ -243,7 +243,7 @@ def test_vllm_drafter_bar_adds_to_the_target() -> None:
 def test_a_wrappers_banner_before_the_engines_own_is_one_launch() -> None:
     interpreter = fed("llamacpp", "build: 4785 (aa6192d3) with cc (Debian 12.2.0-14) 12.2.0 for x86_64-linux-gnu\n",
                       t.llamacpp_healthy())
-    assert interpreter.launches == 1 and interpreter.snapshot().events["server_restart"] == 0
+    assert interpreter.snapshot().launches == 1 and interpreter.snapshot().events["server_restart"] == 0
 
 
 def test_a_banner_read_after_the_probe_made_it_serving_is_the_same_launch() -> None:
@@ -252,12 +252,12 @@ def test_a_banner_read_after_the_probe_made_it_serving_is_the_same_launch() -> N
     interpreter.process_started(time.time() - 5)
     interpreter.probe_succeeded(time.time() + 1)
     fed("sglang", t.real("sglang-eagle3-launch.log"), interpreter=interpreter)
-    assert interpreter.launches == 1 and interpreter.snapshot().events["server_restart"] == 0
+    assert interpreter.snapshot().launches == 1 and interpreter.snapshot().events["server_restart"] == 0
 
 
 def test_a_new_banner_after_progress_is_a_restart() -> None:
     interpreter = fed("sglang", t.real("sglang-eagle3-launch.log"), t.real("sglang-eagle3-launch.log"))
-    assert interpreter.launches == 2 and interpreter.snapshot().events["server_restart"] == 1
+    assert interpreter.snapshot().launches == 2 and interpreter.snapshot().events["server_restart"] == 1
 
 
 def test_sglang_multi_thread_shard_bar_counts() -> None:
@@ -282,8 +282,8 @@ def test_an_sglang_worker_node_is_ready_at_its_dummy_health_server_without_a_sha
     interpreter = _phase_of("sglang", t.real("sglang-worker-node.log"), worker=True)
     snap = interpreter.snapshot()
     assert (snap.phase, snap.shards_loaded, snap.shards_expected) == ("serving", None, None)
-    assert interpreter.timeline() == ["launching", "loading_weights", "allocating_memory", "capturing_graphs",
-                                      "serving"]
+    assert interpreter.snapshot().timeline == ("launching", "loading_weights", "allocating_memory",
+                                                "capturing_graphs", "serving")
     interpreter.feed(t.real("sglang-worker-node-head-lost.log").encode())
     assert interpreter.snapshot().phase == "failed"
     assert interpreter.snapshot().events["fatal"] >= 1
@@ -309,7 +309,8 @@ def test_sglang_eagle3_healthy_startup() -> None:
 
 def test_sglang_stall_after_last_shard() -> None:
     interpreter = run("sglang", t.sglang_until_shards(tp=8, shards=64))
-    phase, _, loaded, total, events = interpreter.snapshot()
+    snap = interpreter.snapshot()
+    phase, loaded, total, events = snap.phase, snap.shards_loaded, snap.shards_expected, snap.events
     assert (phase, loaded, total) == ("loading_weights", 64, 64)
     assert sum(events.values()) == 0
 
@@ -341,7 +342,8 @@ def test_sglang_older_wording() -> None:
 
 def test_sglang_crash_during_graph_capture() -> None:
     interpreter = run("sglang", t.sglang_graph_crash())
-    phase, _, _, _, events = interpreter.snapshot()
+    snap = interpreter.snapshot()
+    phase, events = snap.phase, snap.events
     assert phase == "failed"
     assert events["fatal"] == 3  # scheduler exception, capture failure, the launcher's sigquit notice
     assert events["oom"] == 1
@@ -351,7 +353,8 @@ def test_sglang_crash_during_graph_capture() -> None:
 
 def test_sglang_nccl_watchdog_timeout() -> None:
     interpreter = run("sglang", t.sglang_nccl_timeout())
-    phase, _, _, _, events = interpreter.snapshot()
+    snap = interpreter.snapshot()
+    phase, events = snap.phase, snap.events
     assert phase == "serving"
     assert events["nccl_timeout"] == 2 and events["fatal"] == 1
     interpreter.process_gone()  # the C++ abort took the process down
@@ -367,7 +370,8 @@ def test_sglang_serving_then_idle_stays_serving() -> None:
 
 def test_relaunch_in_same_log_counts_restart_and_resets_shards() -> None:
     interpreter = run("sglang", t.sglang_graph_crash(tp=2) + t.sglang_until_shards(tp=2, shards=4)[:400])
-    phase, _, loaded, _, events = interpreter.snapshot()
+    snap = interpreter.snapshot()
+    phase, loaded, events = snap.phase, snap.shards_loaded, snap.events
     assert phase in ("launching", "loading_weights") and loaded is None
     assert events["server_restart"] == 1
 
@@ -401,7 +405,8 @@ def test_vllm_engine_core_failure() -> None:
         "(EngineCore pid=525790) ERROR 11-20 09:00:30 [core.py:1584] Traceback (most recent call last):\n"
         "(EngineCore pid=525790) ERROR 11-20 09:00:30 [core.py:1584] torch.OutOfMemoryError: CUDA out of memory.\n")
     interpreter = run("vllm", text)
-    phase, _, _, _, events = interpreter.snapshot()
+    snap = interpreter.snapshot()
+    phase, events = snap.phase, snap.events
     assert phase == "failed" and events["fatal"] == 2 and events["oom"] == 1
 
 

@@ -40,28 +40,28 @@ def test_a_relaunch_keeps_the_log_tokens_and_drops_the_old_ranks() -> None:
     interpreter = LogInterpreter(ENGINES["vllm"], wall=lambda: now[0])
     interpreter.feed(transcripts.vllm_post_ready_hang(1).replace("0.0 tokens/s, Running", "50.0 tokens/s, Running")
                  .encode())
-    before = interpreter.figures()
+    before = interpreter.snapshot().figures
     assert before is not None and before.running == 255 and before.tokens == 500.0
     now[0] = 1100.0
     interpreter.process_started(1099.0)
-    after = interpreter.figures()
+    after = interpreter.snapshot().figures
     assert after is not None and (after.running, after.tokens) == (0.0, 500.0)
 
 
 def test_heartbeats_do_not_move_last_progress() -> None:
     now = [1000.0]
     interpreter = LogInterpreter(ENGINES["tgi"], wall=lambda: now[0])
-    assert interpreter.progress() is None
+    assert interpreter.snapshot().progress is None
     interpreter.feed(transcripts.tgi_healthy().split("Waiting for shard")[0].rsplit("\n", 1)[0].encode() + b"\n")
-    assert interpreter.progress() == 1000.0
+    assert interpreter.snapshot().progress == 1000.0
     now[0] = 2200.0
     interpreter.feed(transcripts.tgi_shard_stuck(1200).split("rank=1\n", 2)[2].encode())
-    assert interpreter.progress() == 1000.0  # 20 minutes of nothing but the wait loop's notice
+    assert interpreter.snapshot().progress == 1000.0  # 20 minutes of nothing but the wait loop's notice
     interpreter.feed(b"2026-11-20T09:20:05.170897Z  INFO shard-manager: text_generation_launcher: Shard ready in "
                  b"1201.2s rank=0\n")
-    assert interpreter.progress() == 2200.0
+    assert interpreter.snapshot().progress == 2200.0
     vllm = LogInterpreter(ENGINES["vllm"], wall=lambda: now[0])
     vllm.feed(transcripts.vllm_shm_stall().split("No available shared")[0].rsplit("\n", 1)[0].encode() + b"\n")
     now[0] = 2500.0
     vllm.feed(transcripts.vllm_shm_stall().rsplit("\n", 4)[1].encode() + b"\n")
-    assert vllm.progress() == 2200.0
+    assert vllm.snapshot().progress == 2200.0

@@ -8,11 +8,7 @@ from stallwatch.discovery.processes import ProcessKey
 from stallwatch.report.live import WINDOW_SECONDS, window_start
 from stallwatch.signals.history import History, Point
 from stallwatch.web.statuspage import series
-
-
-def _server(name: str, tree: list) -> SimpleNamespace:
-    return SimpleNamespace(name=name, spec=SimpleNamespace(gpus=None), tree=lambda: tree,
-                           interpreter=SimpleNamespace(figures=lambda: None))
+from support.looks import Looked, look, proc
 
 
 def _point(at: float, lines: int | None, memory: float | None = 2e9, utilization: float | None = 0.5) -> Point:
@@ -21,8 +17,7 @@ def _point(at: float, lines: int | None, memory: float | None = 2e9, utilization
 
 def test_history_ring_is_bounded_and_forgets_gone_servers() -> None:
     now = [1000.0]
-    sample = SimpleNamespace(pid=7, create_time=5.0, cpu_user=1.0, cpu_system=0.5)
-    servers = [_server("a", [sample]), _server("b", [])]
+    servers = [Looked(look("a", tree=[proc(7, 5.0, cpu=1.5)])), Looked(look("b"))]
     watcher = SimpleNamespace(servers=lambda: list(servers))
     history = History(watcher, interval=1.0, span=10.0, wall=lambda: now[0])  # type: ignore[arg-type]
     for _ in range(30):
@@ -41,8 +36,7 @@ def test_history_ring_is_bounded_and_forgets_gone_servers() -> None:
 
 def test_history_keeps_cpu_totals_only_for_recent_points() -> None:
     now = [0.0]
-    sample = SimpleNamespace(pid=7, create_time=5.0, cpu_user=1.0, cpu_system=0.5)
-    watcher = SimpleNamespace(servers=lambda: [_server("a", [sample])])
+    watcher = SimpleNamespace(servers=lambda: [Looked(look("a", tree=[proc(7, 5.0, cpu=1.5)]))])
     history = History(watcher, interval=10.0, wall=lambda: now[0])  # type: ignore[arg-type]
     for _ in range(100):
         history.sample_once()

@@ -349,10 +349,10 @@ def test_restart_recovers_phase_from_the_last_launch_without_counting_events(tmp
     os.utime(log, (mtime, mtime))
     m, watcher, _ = manager(log)
     m.poll()
-    phase_name, since, loaded, total, events = watcher.servers()[0].interpreter.snapshot()
-    assert phase_name == "serving" and (loaded, total) == (64, 64)
-    assert sum(events.values()) == 0  # old lines are not new events
-    assert since <= mtime
+    snap = watcher.servers()[0].interpreter.snapshot()
+    assert snap.phase == "serving" and (snap.shards_loaded, snap.shards_expected) == (64, 64)
+    assert sum(snap.events.values()) == 0  # old lines are not new events
+    assert snap.since <= mtime
     s = stats(m)
     assert s.last_growth == mtime and s.read_bytes == 0
 

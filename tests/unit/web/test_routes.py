@@ -12,13 +12,13 @@ from stallwatch.config.web import WebConfig
 from stallwatch.report.live import StatusPages
 from stallwatch.runtime import Runtime
 from stallwatch.web.routes import make_app
+from support.looks import Looked, look
 
 
 def test_names_that_are_not_utf8_link_and_resolve() -> None:
     """A pod name with bytes that are not UTF-8 (surrogate-escaped): the landing page links it, the link leads back
     to it, and so does the printable form an alert's label carries."""
-    odd = SimpleNamespace(name="llm/pod-\udcff\udcfe", engine=SimpleNamespace(name="sglang"), is_running=lambda: True,
-                          launch=SimpleNamespace(probes=[], log_sources=[]))
+    odd = Looked(look("llm/pod-\udcff\udcfe"))
     watcher = SimpleNamespace(servers=lambda: [odd])
     pages = StatusPages(Runtime(Config(), watcher))  # type: ignore[arg-type]
     assert pages.find(odd.name) is odd and pages.find("llm/pod-\\xff\\xfe") is odd and pages.find("llm/pod-") is None

@@ -20,12 +20,15 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily
 
 from stallwatch.config.web import WebConfig
+from stallwatch.discovery.server import Launch
+from stallwatch.discovery.workload import LogSource
 from stallwatch.web.auth import BasicAuth
 from stallwatch.web.exposition import SharedCollection, gzip_accepted
 from stallwatch.web.routes import make_app, serve
 from stallwatch.web.server import Handler, HeadError, HttpServer, Limits, Response, parse_head
 from support.client import request
 from support.harness import poll
+from support.looks import Looked, look
 
 PIPELINED = b"GET /-/healthy HTTP/1.1\r\nHost: x\r\n\r\n" * 256
 
@@ -160,9 +163,8 @@ def local() -> Iterator[SimpleNamespace]:
     registry = CollectorRegistry()
     collector = _SlowCollector()
     registry.register(collector)
-    odd = SimpleNamespace(name="pod-\udcff\udcfe", engine=SimpleNamespace(name="sglang"), is_running=lambda: True,
-                          launch=SimpleNamespace(probes=[],
-                                                 log_sources=[SimpleNamespace(path="/var/log/\udce9t\ud800.log")]))
+    odd_log = "/var/log/\udce9t\ud800.log"
+    odd = Looked(look("pod-\udcff\udcfe", launch=Launch(log_sources=(LogSource(odd_log, odd_log),))))
     server, _ = serve(make_app(registry, _watcher(odd), "/metrics"), "127.0.0.1", 0)  # type: ignore[arg-type]
     try:
         yield SimpleNamespace(port=server.server_port, collector=collector)
