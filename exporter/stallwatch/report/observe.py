@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from pathlib import Path
 
 from stallwatch.discovery.server import Launch, Server
 from stallwatch.discovery.watcher import Watcher
 from stallwatch.engines.base import Figures
+from stallwatch.procfs import pid_path, read_bounded
 from stallwatch.report.model import (
     DeploymentInfo,
     EngineInfo,
@@ -138,8 +138,9 @@ def processes_since(server: Server, earlier: Mapping[tuple[int, float], float], 
 
 
 def _wchan(procfs: str, pid: int) -> str:
+    """The kernel function a process in D state waits in (a symbol name, ASCII)."""
     try:
-        return Path(procfs, str(pid), "wchan").read_text().strip() or "?"
+        return read_bounded(pid_path(procfs, pid, "wchan"), 4096).decode("ascii", "replace").strip() or "?"
     except OSError as exc:
         return f"unreadable: {exc.strerror}"
 
