@@ -22,7 +22,7 @@ from stallwatch.collectors.logs import LogsCollector
 from stallwatch.config import Config
 from stallwatch.config.reader import ConfigError
 from stallwatch.discovery.watcher import Watcher
-from stallwatch.discovery.workload import LogSource
+from stallwatch.logs.source import LogSource
 from stallwatch.loops import POOL_WORKERS
 from stallwatch.signals.logs import LogFile, LogManager
 from stallwatch.signals.probes import probe

@@ -23,10 +23,10 @@ from stallwatch.config import CollectorSettings
 from stallwatch.config.reader import setting
 from stallwatch.config.values import LOOP_INTERVAL
 from stallwatch.discovery.watcher import Watcher
-from stallwatch.discovery.workload import LogSource
 from stallwatch.logs.formats import decoder_for
 from stallwatch.logs.interpret import LogInterpreter
 from stallwatch.logs.journal import JournalReader
+from stallwatch.logs.source import LogSource
 from stallwatch.loops import run_every
 
 log = logging.getLogger(__name__)
