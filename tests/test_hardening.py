@@ -22,9 +22,10 @@ from stallwatch.collectors.logs import LogsCollector
 from stallwatch.config import Config
 from stallwatch.config.reader import ConfigError
 from stallwatch.discovery.watcher import Watcher
+from stallwatch.logs.follow import LogFile
 from stallwatch.logs.source import LogSource
 from stallwatch.loops import POOL_WORKERS
-from stallwatch.signals.logs import LogFile, LogManager
+from stallwatch.signals.logs import LogManager
 from stallwatch.signals.probes import probe
 from support.configs import GOOD, check_config, parse
 from support.harness import Exporter, Scrape, free_port, poll, require

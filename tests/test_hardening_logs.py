@@ -21,6 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from stallwatch.engines import ENGINES
 from stallwatch.engines.base import rule
 from stallwatch.logs import interpret
+from stallwatch.logs.follow import LogFile
 from stallwatch.logs.formats import DockerJsonDecoder
 from stallwatch.logs.interpret import LogInterpreter, Matcher
 from stallwatch.logs.prefilter import compile_rules
@@ -28,7 +29,7 @@ from stallwatch.report import live, stacks
 from stallwatch.report.live import StatusPages
 from stallwatch.report.model import StackGroup
 from stallwatch.signals.engine_page import MAX_SAMPLES, parse_page
-from stallwatch.signals.logs import LogFile, LogManager
+from stallwatch.signals.logs import LogManager
 from stallwatch.web.routes import status_path
 from support import transcripts
 from support.clock import Clock

@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from stallwatch.discovery.watcher import Watcher
-from stallwatch.signals import logs as logfollow
-from stallwatch.signals.logs import FileStats, LogManager
+from stallwatch.logs import follow as logfollow
+from stallwatch.logs.follow import FileStats
+from stallwatch.signals.logs import LogManager
 from support import transcripts as t
 from support.clock import Clock
 from support.watchers import log_watcher
