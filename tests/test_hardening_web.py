@@ -20,8 +20,9 @@ from prometheus_client import CollectorRegistry
 
 from stallwatch.config.web import WebConfig
 from stallwatch.web.auth import BasicAuth
+from stallwatch.web.http import Handler, Response
 from stallwatch.web.routes import make_app
-from stallwatch.web.server import Handler, HttpServer, Limits, Response
+from stallwatch.web.server import HttpServer, Limits
 from support.harness import poll
 
 PIPELINED = b"GET /-/healthy HTTP/1.1\r\nHost: x\r\n\r\n" * 256

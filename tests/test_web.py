@@ -24,8 +24,9 @@ from stallwatch.config.reader import ConfigError
 from stallwatch.config.web import WebConfig, parse
 from stallwatch.web.auth import BasicAuth
 from stallwatch.web.exposition import SharedCollection, gzip_accepted, restrict
+from stallwatch.web.http import HeadError, parse_head
 from stallwatch.web.routes import make_app, serve
-from stallwatch.web.server import HeadError, HttpServer, Limits, parse_head
+from stallwatch.web.server import HttpServer, Limits
 from support.certs import make_ca, make_cert
 from support.harness import Exporter, poll
 
