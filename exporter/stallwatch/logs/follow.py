@@ -222,7 +222,6 @@ class LogFile(Follower):
         # Size and up before the replay: a scrape never sees what the file says without the file's own figures.
         size = self._size = os.fstat(fd).st_size
         self.mark_up()
-        self._publish()
         ident = (st.st_dev, st.st_ino)
         replayed = self._recover and self._replayed(ident)  # asked before this follower holds it too
         self._fd, self.ident, self._offset, self._seen, self._replay = fd, ident, 0, 0, None
@@ -238,6 +237,7 @@ class LogFile(Follower):
             else:
                 self._offset = self._replay_start(fd, size)
                 self._replay = _Replay(size, st.st_mtime)
+        self._publish()  # before the replay is read (and fed to the interpreter) in `_read`
 
     def _replay_start(self, fd: int, size: int) -> int:
         """Where to replay an existing file from: the window (at most a chunk) that holds its last launch marker.
