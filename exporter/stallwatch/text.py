@@ -10,6 +10,7 @@ import re
 # C0 and C1 controls but newline and tab: escape sequences (CSI, OSC 0 window titles, OSC 52 clipboard writes) and
 # carriage returns that would redraw an operator's terminal from another user's argv, paths, titles or log lines.
 _CONTROLS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+_ODD_SURROGATE = re.compile("[\ud800-\udc7f\udd00-\udfff]")  # what surrogateescape cannot turn back into a byte
 
 
 def printable(text: str) -> str:
@@ -23,6 +24,16 @@ def display(text: str) -> str:
         return printable(text)
     except UnicodeError:
         return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def utf8_bytes(text: str) -> bytes:
+    """UTF-8 of text decoded from another process's JSON, never raising: `\\udc80`-`\\udcff` (and undecodable
+    input) become the raw byte again; other lone surrogates, which only a hand-made `\\udXXX` escape holds, become
+    U+FFFD."""
+    try:
+        return text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        return _ODD_SURROGATE.sub("\ufffd", text).encode("utf-8", "surrogateescape")
 
 
 def terminal_safe(text: str) -> str:

@@ -32,9 +32,9 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from stallwatch.discovery.workload import LogSource
 from stallwatch.engines import ENGINES
 from stallwatch.logs.interpret import LogInterpreter
+from stallwatch.logs.source import LogSource
 from stallwatch.signals.logs import LogManager
 from support import transcripts
 from support.harness import Exporter

@@ -12,12 +12,12 @@ taken, from a bounded read, each value bounded, the key cut to address character
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from stallwatch.engines.base import Engine, whole_number
+from stallwatch.procfs import pid_path, read_bounded
 
 LWS_KEYS = ("LWS_LEADER_ADDRESS", "LWS_GROUP_SIZE", "LWS_WORKER_INDEX")
 MAX_ENVIRON_BYTES = 256 * 1024  # where the keys must be found: a container's environment is a few KiB
@@ -45,15 +45,9 @@ class Member:
 def read_environ(procfs: str, pid: int, keys: Sequence[str] = LWS_KEYS) -> dict[str, str]:
     """The values of `keys` in the environment process `pid` was started with; {} when unreadable."""
     try:
-        fd = os.open(f"{procfs}/{int(pid)}/environ", os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
+        data = read_bounded(pid_path(procfs, pid, "environ"), MAX_ENVIRON_BYTES)
+    except (OSError, ValueError):
         return {}
-    try:
-        data = os.read(fd, MAX_ENVIRON_BYTES)
-    except OSError:
-        return {}
-    finally:
-        os.close(fd)
     wanted = {key.encode() + b"=": key for key in keys}
     found: dict[str, str] = {}
     for entry in data.split(b"\0"):

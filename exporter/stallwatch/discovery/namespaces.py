@@ -13,6 +13,8 @@ import fcntl
 import os
 import struct
 
+from stallwatch.procfs import open_namespace, pid_path
+
 _NSIO = 0xB7
 NS_GET_USERNS = (_NSIO << 8) | 0x1  # _IO(NSIO, 0x1): a file descriptor of the owning user namespace
 NS_GET_OWNER_UID = (_NSIO << 8) | 0x4  # _IO(NSIO, 0x4): the uid that created a user namespace
@@ -21,7 +23,7 @@ NS_GET_OWNER_UID = (_NSIO << 8) | 0x4  # _IO(NSIO, 0x4): the uid that created a 
 def inode(procfs: str, pid: int | str, kind: str) -> int | None:
     """Inode of `pid`'s namespace of `kind` (`net`, `mnt`, ...); None when missing or denied."""
     try:
-        return os.stat(f"{procfs}/{pid}/ns/{kind}").st_ino
+        return os.stat(pid_path(procfs, pid, "ns", kind)).st_ino
     except (OSError, ValueError):
         return None
 
@@ -30,7 +32,7 @@ def owner_uid(procfs: str, pid: int, kind: str) -> int | None:
     """The uid that created the user namespace owning `pid`'s namespace of `kind`; None when unknown (gone,
     denied, or a kernel without these ioctls)."""
     try:
-        fd = os.open(f"{procfs}/{int(pid)}/ns/{kind}", os.O_RDONLY | os.O_CLOEXEC)
+        fd = open_namespace(procfs, pid, kind)
     except (OSError, ValueError):
         return None
     try:

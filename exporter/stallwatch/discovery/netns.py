@@ -9,8 +9,8 @@ caller's `/proc/net` instead and misses such sockets (giampaolo/psutil#1611), he
 Only `run_in_netns` needs a capability (CAP_SYS_ADMIN, setns(2)); it is the last resort for servers that
 bind 127.0.0.1 inside their namespace (SGLang's and llama.cpp's default).
 
-Everything read here comes from other users' processes: the readers never raise, they return None / [].
-This module imports only the standard library so it can be used while the rest of the package changes.
+Everything read here comes from other users' processes: the readers never raise, they return None / []. Paths and
+opens go through `stallwatch.procfs`; who made a namespace is `discovery.namespaces`.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TypeVar
 
+from stallwatch import procfs as proc
 from stallwatch.discovery import namespaces
 
 __all__ = [
@@ -57,7 +58,6 @@ _HEX32 = re.compile(r"[0-9A-Fa-f]{32}")
 _HEXFLAGS = re.compile(r"[0-9A-Fa-f]{1,8}")
 _SLOT = re.compile(r"[0-9]+:")
 _INODE = re.compile(r"[0-9]{1,20}")
-_PID = re.compile(r"[0-9]{1,10}|self|thread-self")
 _SOCKET_LINK = re.compile(r"socket:\[([0-9]{1,20})\]")
 
 PROBE_THREAD_PREFIX = "stallwatch-netns-probe"
@@ -122,11 +122,11 @@ def parse_tcp(text: str, ipv6: bool) -> list[Socket]:
 
 
 def _pid_dir(procfs: str, pid: int | str) -> str | None:
-    """`<procfs>/<pid>`, or None when `pid` is not a pid, `self` or `thread-self` (no path tricks)."""
-    text = str(pid) if isinstance(pid, (int, str)) and not isinstance(pid, bool) else ""
-    if not _PID.fullmatch(text):
+    """`procfs.pid_dir`, or None when `pid` is not a pid, `self` or `thread-self` (no path tricks)."""
+    try:
+        return proc.pid_dir(procfs, pid)
+    except ValueError:
         return None
-    return os.path.join(procfs, text)
 
 
 def _text(line: bytes) -> str:
@@ -142,9 +142,8 @@ def _text(line: bytes) -> str:
 def _listeners(path: str, ipv6: bool, port: int) -> list[Socket] | None:
     """LISTEN rows on `port` in one table (streamed: busy servers have huge tables), None if unreadable."""
     try:
-        with open(path, "rb") as table:
-            rows = (_parse_line(_text(line), ipv6) for line in table)
-            return [s for s in rows if s is not None and s.state == TCP_LISTEN and s.port == port]
+        rows = (_parse_line(_text(line), ipv6) for line in proc.lines(path))
+        return [s for s in rows if s is not None and s.state == TCP_LISTEN and s.port == port]
     except (OSError, ValueError):
         return None
 
@@ -201,8 +200,7 @@ def socket_inodes(procfs: str, pids: Iterable[int]) -> set[int]:
 def _read_lines(path: str) -> Iterable[str]:
     """The file's lines, or nothing when it cannot be read; never raises."""
     try:
-        with open(path, "rb") as f:
-            yield from (_text(line) for line in f)
+        yield from (_text(line) for line in proc.lines(path))
     except (OSError, ValueError):
         return
 
@@ -364,10 +362,7 @@ def run_in_netns(procfs: str, pid: int, fn: Callable[[], T], timeout: float) -> 
     """
     if not timeout > 0:
         raise ValueError(f"timeout must be a positive number of seconds, not {timeout!r}")
-    base = _pid_dir(procfs, pid)
-    if base is None:
-        raise ValueError(f"not a pid: {pid!r}")
-    fd = os.open(os.path.join(base, "ns", "net"), os.O_RDONLY | os.O_CLOEXEC)
+    fd = proc.open_namespace(procfs, pid, "net")  # ValueError for a bad pid
     values: list[T] = []
     errors: list[BaseException] = []
 

@@ -15,6 +15,8 @@ from typing import NamedTuple
 
 import psutil
 
+from stallwatch.procfs import pid_path, read_bounded
+
 STATES = ("R", "S", "D", "Z", "T", "I")
 _STATE_LETTER = {
     psutil.STATUS_RUNNING: "R",
@@ -27,6 +29,7 @@ _STATE_LETTER = {
     psutil.STATUS_IDLE: "I",
     psutil.STATUS_PARKED: "I",
 }
+STAT_READ_LIMIT = 4096  # a `stat` line is at most a few hundred bytes; `comm` at most 64
 _PID_SUFFIX = re.compile(r"[:_-]\d+$")
 # Roles per server: titles are chosen by the server's children, so a child that renames itself in a loop would
 # otherwise add series without end. Past the cap, new roles share OTHER_ROLE.
@@ -95,21 +98,20 @@ class ProcessTable:
     def _read(self) -> dict[int, list[int]]:
         children: dict[int, list[int]] = defaultdict(list)
         try:
-            entries = [entry.name for entry in os.scandir(self.procfs) if entry.name.isdigit()]
+            entries = [entry.name for entry in os.scandir(self.procfs) if entry.name.isascii() and entry.name.isdigit()]
         except OSError:
             return children
         for name in entries:
-            ppid = _ppid(f"{self.procfs}/{name}/stat")
+            ppid = _ppid(self.procfs, int(name))
             if ppid is not None:
                 children[ppid].append(int(name))
         return children
 
 
-def _ppid(stat_path: str) -> int | None:
+def _ppid(procfs: str, pid: int) -> int | None:
     """The parent pid in a `/proc/PID/stat` (after the `(comm)` a process can fill with spaces and parentheses)."""
     try:
-        with open(stat_path, "rb") as handle:
-            data = handle.read(4096)
+        data = read_bounded(pid_path(procfs, pid, "stat"), STAT_READ_LIMIT)
         fields = data[data.rindex(b")") + 2:].split()
         return int(fields[1])
     except (OSError, ValueError, IndexError):

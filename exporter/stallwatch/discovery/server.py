@@ -32,10 +32,12 @@ from stallwatch.discovery.processes import (
     owner,
     sample,
 )
-from stallwatch.discovery.workload import LogSource, Workload, log_sources
+from stallwatch.discovery.workload import Workload
+from stallwatch.discovery.workload.log_sources import log_sources
 from stallwatch.engines import ENGINES
 from stallwatch.engines.base import Engine
 from stallwatch.logs.interpret import LogInterpreter, PhaseSnapshot
+from stallwatch.logs.source import LogSource
 from stallwatch.logs.tail import LogTail
 from stallwatch.text import printable
 

@@ -24,6 +24,8 @@ import re
 from collections.abc import Callable
 from typing import Protocol
 
+from stallwatch.text import utf8_bytes
+
 # Terminal colour codes are framing too, not the engine's text: stripped before lines are matched or shown.
 ANSI = re.compile(rb"\x1b\[[0-9;?]*[ -/]*[@-~]")
 MAX_RECORD_BYTES = 1 << 20  # kept of one raw record (an input line) that has not ended yet
@@ -262,16 +264,7 @@ _DOCKER_SEPARATOR = re.compile(_DOCKER_TAIL + rb'\{"log":"')  # from one record'
 _DOCKER_LAST = re.compile(rb"(.*)" + _DOCKER_TAIL, re.S)
 _DOCKER_HEAD = b'{"log":"'
 _DOCKER_STREAMS = ("stdout", "stderr")  # all that dockerd writes
-_ODD_SURROGATE = re.compile("[\ud800-\udc7f\udd00-\udfff]")  # what surrogateescape cannot turn back into a byte
 
-
-def _encode(text: str) -> bytes:
-    """UTF-8 of a JSON string, never raising: `\\udc80`-`\\udcff` (and undecodable input) become the raw byte
-    again; other lone surrogates, which only a hand-made file holds, become U+FFFD."""
-    try:
-        return text.encode("utf-8", "surrogateescape")
-    except UnicodeEncodeError:
-        return _ODD_SURROGATE.sub("\ufffd", text).encode("utf-8", "surrogateescape")
 
 
 class DockerJsonDecoder(_LineFramed):
@@ -316,7 +309,7 @@ class DockerJsonDecoder(_LineFramed):
             decoded = json.loads('"' + text.decode("utf-8", "surrogateescape") + '"', strict=False)
         except ValueError:  # a raw quote or a bad escape: some record is not valid JSON
             return None
-        return [_encode(decoded), b""]
+        return [utf8_bytes(decoded), b""]
 
     def _line(self, line: bytes, out: list[bytes]) -> None:
         try:
@@ -328,7 +321,7 @@ class DockerJsonDecoder(_LineFramed):
         if not isinstance(text, str) or stream not in _DOCKER_STREAMS:
             self.errors += 1
             return
-        key, content = stream.encode(), _encode(text)
+        key, content = stream.encode(), utf8_bytes(text)
         if content.endswith(b"\n"):
             self._final(key, content[:-1], out)
         else:

@@ -25,6 +25,8 @@ import time
 from collections.abc import Callable
 from types import TracebackType
 
+from stallwatch.text import utf8_bytes
+
 READ_BUDGET_BYTES = 16 << 20  # of journalctl output consumed per read() call
 MAX_LINE_BYTES = 8 << 20  # of one unfinished output line kept; a longer entry is skipped (48K LineMax makes 200 KB)
 STDERR_BUDGET_BYTES = 1 << 20  # of journalctl's stderr drained per read() call; only its last line is kept
@@ -33,7 +35,6 @@ BACKOFF_MIN_SECONDS = 1.0
 BACKOFF_MAX_SECONDS = 60.0
 STABLE_SECONDS = 60.0  # a journalctl that ran this long resets the backoff
 _FIELD_MATCH = re.compile(r"[A-Z0-9_]+=")  # journal field names: upper case, digits, "_" (systemd.journal-fields(7))
-_ODD_SURROGATE = re.compile("[\ud800-\udc7f\udd00-\udfff]")  # what surrogateescape cannot turn back into a byte
 
 
 class JournalReader:
@@ -317,17 +318,10 @@ def _message(value: object) -> bytes | None:
 def _field(value: object) -> bytes | None:
     """One value of a field: a string, null, or an array of byte numbers."""
     if isinstance(value, str):
-        return _encode(value)
+        return utf8_bytes(value)
     if value is None:
         return b""
     if isinstance(value, list) and all(type(b) is int and 0 <= b <= 255 for b in value):
         return bytes(value)
     return None
 
-
-def _encode(text: str) -> bytes:
-    """UTF-8, never raising on lone surrogates from `\\udXXX` escapes."""
-    try:
-        return text.encode("utf-8", "surrogateescape")
-    except UnicodeEncodeError:
-        return _ODD_SURROGATE.sub("\ufffd", text).encode("utf-8", "surrogateescape")

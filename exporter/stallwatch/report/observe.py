@@ -8,12 +8,12 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Iterable, Mapping
-from pathlib import Path
 
 from stallwatch.discovery.processes import ProcSample
 from stallwatch.discovery.server import Launch, Look, Server
 from stallwatch.discovery.watcher import Watcher
 from stallwatch.engines.base import Figures
+from stallwatch.procfs import pid_path, read_bounded
 from stallwatch.report.model import (
     DeploymentInfo,
     EngineInfo,
@@ -141,8 +141,9 @@ def processes_since(tree: Iterable[ProcSample], earlier: Mapping[tuple[int, floa
 
 
 def _wchan(procfs: str, pid: int) -> str:
+    """The kernel function a process in D state waits in (a symbol name, ASCII)."""
     try:
-        return Path(procfs, str(pid), "wchan").read_text().strip() or "?"
+        return read_bounded(pid_path(procfs, pid, "wchan"), 4096).decode("ascii", "replace").strip() or "?"
     except OSError as exc:
         return f"unreadable: {exc.strerror}"
 

@@ -15,7 +15,7 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
-from stallwatch.web.server import Handler, Request, Response
+from stallwatch.web.http import Handler, Request, Response
 
 TEXT = ("Content-Type", "text/plain; charset=utf-8")
 DEFAULT_SCRAPE_WAIT = 30.0  # seconds a request waits for a shared collection without Prometheus' timeout header

@@ -22,7 +22,8 @@ from stallwatch.text import display
 from stallwatch.web import statuspage
 from stallwatch.web.auth import BasicAuth
 from stallwatch.web.exposition import TEXT, SharedCollection, metrics_handler
-from stallwatch.web.server import Handler, HttpServer, Limits, Request, Response
+from stallwatch.web.http import Handler, Request, Response
+from stallwatch.web.server import HttpServer, Limits
 from stallwatch.web.tls import TLSReloader
 
 ALLOWED_METHODS = ("GET", "HEAD")

@@ -12,24 +12,20 @@ behind the others, so a client that always has another request queued cannot kee
 one read past `max_head_bytes` of unconsumed bytes per connection: a complete head is within that or it is refused
 (431) at once, whether more bytes arrive or not, so a connection never buffers more than a head and one read.
 
-Limits: `max_connections` (kept below the process's RLIMIT_NOFILE); when full, the connection waiting longest
-with no request is closed to admit the new one, so idle floods cannot lock scrapers out. At EMFILE/ENFILE the
-accept loop backs off 5 ms doubling to 1 s like Go's `net/http` `Server.Serve` (never spins), closing the oldest
-waiting connection to free a descriptor. Listen backlog 1024 (the kernel caps it at `net.core.somaxconn`).
-`:port` is one dual-stack AF_INET6 socket (IPV6_V6ONLY=0) where IPv6 exists, else AF_INET, as Go's `net.Listen`.
+Limits: `max_connections` (kept below the process's RLIMIT_NOFILE: `sockets.connection_cap`); when full, the
+connection waiting longest with no request is closed to admit the new one, so idle floods cannot lock scrapers out.
+At EMFILE/ENFILE the accept loop backs off 5 ms doubling to 1 s like Go's `net/http` `Server.Serve` (never spins),
+closing the oldest waiting connection to free a descriptor. The request head and the response are `web.http`'s,
+the listening socket `web.sockets`'.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
-import email.utils
 import errno
-import http
 import logging
 import queue
-import re
-import resource
 import selectors
 import socket
 import ssl
@@ -37,16 +33,14 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from urllib.parse import SplitResult, parse_qs, urlsplit
+from dataclasses import dataclass
+
+from stallwatch.web.http import Handler, HeadBuffer, HeadError, Request, Response, keep_alive, parse_head, serialize
+from stallwatch.web.sockets import connection_cap, listen, read_available, send_quietly
 
 log = logging.getLogger(__name__)
 
 _FD_ERRORS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
-_RETRY = (BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSLWantWriteError)
-# Control characters but HTAB: invalid in a request line and in fields (RFC 9110 5.5), refused as Go's server does.
-# A bare CR kept in a value would reach a response header (prometheus_client echoes the Accept version).
-_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 
 
 @dataclass(frozen=True)
@@ -62,188 +56,21 @@ class Limits:
     requests_per_turn: int = 4  # pipelined requests a worker serves before the connection queues behind the others
 
 
-@dataclass
-class Request:
-    method: str
-    target: str
-    version: str
-    headers: dict[str, str]  # names in lower case
-    peer: str = ""
-    url: SplitResult = field(init=False, repr=False)
-
-    def __post_init__(self) -> None:
-        self.url = urlsplit(self.target)  # ValueError for a target that does not split (`//[`): a 400 in parse_head
-
-    @property
-    def path(self) -> str:
-        return self.url.path
-
-    @property
-    def query(self) -> dict[str, list[str]]:
-        return parse_qs(self.url.query)
-
-
-@dataclass
-class Response:
-    status: int
-    headers: list[tuple[str, str]] = field(default_factory=list)
-    body: bytes = b""
-
-
-Handler = Callable[[Request], Response]
-
-
-class _Conn:
-    __slots__ = ("buf", "deadline", "idle", "peer", "scanned", "sock", "start", "state", "want_write")
+class _Conn(HeadBuffer):
+    __slots__ = ("deadline", "idle", "peer", "sock", "state", "want_write")
 
     def __init__(self, sock: socket.socket, peer: str, state: str, deadline: float) -> None:
+        super().__init__()
         self.sock = sock
         self.peer = peer
         self.state = state  # "handshake" | "head"
         self.deadline = deadline
-        self.buf = bytearray()
-        self.start = 0  # buf[start:] is not consumed yet: requests are taken by offset, not by moving the rest
-        self.scanned = 0  # no head ends before this offset: a search resumes here instead of rescanning
         self.idle = False  # keep-alive, waiting for a next request: its deadline moves at the first byte
         self.want_write = False
 
-    def pending(self) -> int:
-        return len(self.buf) - self.start
-
-    def head_end(self) -> int:
-        """Offset just past the blank line ending the next head, or -1 (bare LF lines accepted, RFC 9112 2.2). The
-        search starts where the last one gave up (3 bytes back: an ending split across reads) and looks for `\\n\\n`
-        only before the first CRLF ending, so each byte is scanned a bounded number of times."""
-        begin = max(self.start, self.scanned - 3)
-        crlf = self.buf.find(b"\r\n\r\n", begin)
-        lf = self.buf.find(b"\n\n", begin, crlf + 4 if crlf >= 0 else len(self.buf))
-        ends = [i + 4 for i in (crlf,) if i >= 0] + [i + 2 for i in (lf,) if i >= 0]
-        if not ends:
-            self.scanned = len(self.buf)
-            return -1
-        return min(ends)
-
     def next_head(self, limit: int) -> int:
-        """End offset of the next head if it is complete and at most `limit` bytes, else -1."""
-        end = self.head_end()
-        return end if self.state == "head" and 0 <= end - self.start <= limit else -1
-
-    def take_head(self, limit: int) -> bytes | None:
-        """The next complete head of at most `limit` bytes, consumed, without its leading empty lines; or None."""
-        end = self.next_head(limit)
-        if end < 0:
-            return None
-        head = bytes(self.buf[self.start:end])
-        self.start = self.scanned = end
-        return head.lstrip(b"\r\n")
-
-    def compact(self) -> None:
-        """Drop the consumed bytes: once per read (at most a head's worth moves), not once per request."""
-        if self.start:
-            del self.buf[:self.start]
-            self.scanned -= self.start
-            self.start = 0
-
-
-class HeadError(Exception):
-    def __init__(self, status: int, reason: str) -> None:
-        super().__init__(reason)
-        self.status = status
-
-
-def parse_head(head: bytes, peer: str = "") -> Request:
-    lines = [line.removesuffix("\r") for line in head.decode("latin-1").split("\n")]
-    if any(_CONTROL.search(line) for line in lines):
-        raise HeadError(400, "control character in the request head")
-    parts = lines[0].split(" ")
-    if len(parts) != 3 or not parts[0].isalpha() or not parts[1]:
-        raise HeadError(400, "malformed request line")
-    method, target, version = parts
-    if version not in ("HTTP/1.1", "HTTP/1.0"):
-        raise HeadError(505, "unsupported HTTP version")
-    headers: dict[str, str] = {}
-    for line in lines[1:]:
-        if not line:
-            continue
-        name, sep, value = line.partition(":")
-        if not sep or not name or name != name.strip() or line[:1] in (" ", "\t"):
-            raise HeadError(400, "malformed header line")
-        key = name.lower()
-        headers[key] = f"{headers[key]}, {value.strip()}" if key in headers else value.strip()
-    if version == "HTTP/1.1" and "host" not in headers:  # RFC 9112 3.2, as Go's server
-        raise HeadError(400, "missing Host header")
-    try:
-        return Request(method, target, version, headers, peer)
-    except ValueError:
-        raise HeadError(400, "malformed request target") from None
-
-
-def _keep_alive(request: Request) -> bool:
-    tokens = {t.strip().lower() for t in request.headers.get("connection", "").split(",")}
-    if "close" in tokens or request.version != "HTTP/1.1":
-        return False
-    # A request body is never read (only GET and HEAD are served): close rather than parse it as a next request.
-    no_body = request.headers.get("content-length", "0").strip() in ("", "0")
-    return no_body and "transfer-encoding" not in request.headers
-
-
-def serialize(response: Response, head_only: bool, keep: bool) -> bytes:
-    phrase = http.HTTPStatus(response.status).phrase
-    lines = [f"HTTP/1.1 {response.status} {phrase}", f"Date: {email.utils.formatdate(usegmt=True)}",
-             f"Content-Length: {len(response.body)}"]
-    lines += [f"{name}: {value}" for name, value in response.headers]
-    if any(_CONTROL.search(line) for line in lines):  # a line break in a value would start a header of its own
-        raise ValueError(f"control character in a response header: {lines!r}")
-    if not keep:
-        lines.append("Connection: close")
-    head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1", "replace")
-    return head if head_only else head + response.body
-
-
-def _somaxconn() -> int:
-    try:
-        with open("/proc/sys/net/core/somaxconn") as handle:
-            return int(handle.read())
-    except (OSError, ValueError):
-        return 4096
-
-
-def listen(host: str, port: int, backlog: int) -> socket.socket:
-    """`host` "" (or "::") is every address: dual-stack where IPv6 exists, else IPv4 only."""
-    backlog = max(1, min(backlog, _somaxconn()))
-    if host in ("", "::") and socket.has_ipv6:
-        try:
-            return _bind(socket.AF_INET6, ("::", port), backlog, dual=True)
-        except OSError as exc:
-            if host == "::" or exc.errno not in (errno.EAFNOSUPPORT, errno.EADDRNOTAVAIL, errno.EPROTONOSUPPORT):
-                raise
-    if host in ("", "::"):
-        return _bind(socket.AF_INET, ("0.0.0.0", port), backlog)
-    family, _, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
-    return _bind(family, address, backlog)
-
-
-def _bind(family: int, address: tuple, backlog: int, dual: bool = False) -> socket.socket:
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        if dual:
-            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-        sock.bind(address)
-        sock.listen(backlog)
-        sock.setblocking(False)
-    except OSError:
-        sock.close()
-        raise
-    return sock
-
-
-def connection_cap(wanted: int, reserve: int = 64) -> int:
-    """At most `wanted`, and enough descriptors left below RLIMIT_NOFILE for collections (procfs, logs)."""
-    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft == resource.RLIM_INFINITY:
-        return wanted
-    return max(8, min(wanted, soft - reserve, soft * 3 // 4))
+        """End offset of the next head once the handshake is done, it is complete and at most `limit` bytes; else -1."""
+        return super().next_head(limit) if self.state == "head" else -1
 
 
 class HttpServer:
@@ -419,7 +246,7 @@ class HttpServer:
             self._unwait(conn)
             self._tasks.put(conn)
             return
-        if not read_available(conn, self.limits.max_head_bytes):
+        if not read_available(conn.sock, conn, self.limits.max_head_bytes):
             self._close(conn)
             return
         self._started(conn)
@@ -433,7 +260,7 @@ class HttpServer:
             self._unwait(conn)
             self._tasks.put(conn)
         elif conn.pending() > self.limits.max_head_bytes:
-            _send_quietly(conn.sock, serialize(Response(431, [("Content-Type", "text/plain")], b"Request header "
+            send_quietly(conn.sock, serialize(Response(431, [("Content-Type", "text/plain")], b"Request header "
                                                      b"fields too large.\n"), False, False))
             self._close(conn)
         elif conn.sock.fileno() not in self._waiting:
@@ -478,7 +305,8 @@ class HttpServer:
                 break
             if head and not self._serve(conn, head):
                 return False
-        if not read_available(conn, self.limits.max_head_bytes):  # TLS may hold bytes that select() cannot see
+        # TLS may hold bytes that select() cannot see
+        if not read_available(conn.sock, conn, self.limits.max_head_bytes):
             return False
         self._started(conn)
         return True
@@ -502,16 +330,16 @@ class HttpServer:
         conn.want_write = False
         conn.state = "head"
         conn.deadline = time.monotonic() + self.limits.header_timeout
-        return read_available(conn, self.limits.max_head_bytes)
+        return read_available(conn.sock, conn, self.limits.max_head_bytes)
 
     def _serve(self, conn: _Conn, head: bytes) -> bool:
         try:
             request = parse_head(head, conn.peer)
         except HeadError as exc:
             response = Response(exc.status, [("Content-Type", "text/plain; charset=utf-8")], f"{exc}.\n".encode())
-            _send_quietly(conn.sock, serialize(response, False, False))
+            send_quietly(conn.sock, serialize(response, False, False))
             return False
-        keep, head_only = _keep_alive(request), request.method == "HEAD"
+        keep, head_only = keep_alive(request), request.method == "HEAD"
         try:
             data = serialize(self.handler(request), head_only, keep)
         except Exception as exc:
@@ -548,30 +376,3 @@ class HttpServer:
             log.debug("write to %s failed: %s", conn.peer, exc)
             return False
         return True
-
-
-def read_available(conn: _Conn, limit: int) -> bool:
-    """What is readable now, without blocking, until over `limit` bytes are unconsumed: a head is complete within
-    them or too large, so one read past the head limit is the most a connection holds. False when the peer closed
-    or failed."""
-    if conn.pending() <= limit:
-        conn.compact()
-    while conn.pending() <= limit:
-        try:
-            data = conn.sock.recv(65536)
-        except _RETRY:
-            return True
-        except (ssl.SSLError, OSError):
-            return False
-        if not data:
-            return False
-        conn.buf += data
-    return True
-
-
-def _send_quietly(sock: socket.socket, data: bytes) -> None:
-    try:
-        sock.setblocking(False)
-        sock.send(data)
-    except (OSError, ssl.SSLError):
-        pass

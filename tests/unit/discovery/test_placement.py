@@ -13,18 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from stallwatch.discovery.placement import (
-    DockerContainer,
-    Placement,
-    PodContainer,
-    current_pod_log,
-    find_pod_container,
-    parse_cgroup,
-    read_docker,
-    read_placement,
-    rootfs_path,
-    short_id,
-)
+from stallwatch.discovery.workload.cgroup import Placement, parse_cgroup, read_placement, short_id
+from stallwatch.discovery.workload.docker import DockerContainer, read_docker
+from stallwatch.discovery.workload.kubelet import PodContainer, current_pod_log, find_pod_container
+from stallwatch.discovery.workload.rootfs import rootfs_path
 
 CID = hashlib.sha256(b"sglang-main").hexdigest()
 

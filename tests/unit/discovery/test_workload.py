@@ -10,7 +10,9 @@ import pytest
 
 from stallwatch.config import Paths
 from stallwatch.discovery import namespaces
-from stallwatch.discovery.workload import LogSource, Workload, locate, log_sources
+from stallwatch.discovery.workload import Workload, locate
+from stallwatch.discovery.workload.log_sources import log_sources
+from stallwatch.logs.source import LogSource
 
 CID = "0f5e9a2b" * 8
 

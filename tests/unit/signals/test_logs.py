@@ -15,9 +15,10 @@ import pytest
 from stallwatch.collectors import StallwatchCollector
 from stallwatch.collectors.logs import LogsCollector
 from stallwatch.discovery.watcher import Watcher
-from stallwatch.discovery.workload import LogSource
-from stallwatch.signals import logs as logfollow
-from stallwatch.signals.logs import FileStats, LogFile, LogManager
+from stallwatch.logs import follow as logfollow
+from stallwatch.logs.follow import FileStats, LogFile
+from stallwatch.logs.source import LogSource
+from stallwatch.signals.logs import LogManager
 from support import transcripts
 from support import transcripts as t
 from support.clock import Clock
@@ -38,9 +39,6 @@ def _success(root: StallwatchCollector, name: str) -> float:
 
 
 TRACEBACK = b"Traceback (most recent call last)\n"
-
-
-LAUNCH = b"[2026-11-20 09:14:02] server_args=ServerArgs(model_path='m', tp_size=1)\n"
 
 
 LAUNCH = b"[2026-11-20 09:14:02] server_args=ServerArgs(model_path='m', tp_size=1)\n"

@@ -21,11 +21,12 @@ from prometheus_client.core import GaugeMetricFamily
 
 from stallwatch.config.web import WebConfig
 from stallwatch.discovery.server import Launch
-from stallwatch.discovery.workload import LogSource
+from stallwatch.logs.source import LogSource
 from stallwatch.web.auth import BasicAuth
 from stallwatch.web.exposition import SharedCollection, gzip_accepted
+from stallwatch.web.http import Handler, HeadError, Response, parse_head
 from stallwatch.web.routes import make_app, serve
-from stallwatch.web.server import Handler, HeadError, HttpServer, Limits, Response, parse_head
+from stallwatch.web.server import HttpServer, Limits
 from support.client import request
 from support.harness import poll
 from support.looks import Looked, look

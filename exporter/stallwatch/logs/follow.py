@@ -1,0 +1,358 @@
+"""Following one log: a file (`LogFile`) or a unit's journal entries (`JournalLog`), read through the decoder of its
+framing, complete lines handed to the server's interpreter, and its figures (bytes, lines, growth time) kept as a
+`FileStats` replaced whole. A file survives rotation (rename or copytruncate), deletion, re-pointed symlinks, files
+that appear late, binary bytes and endless lines; it is opened once (`open_log`), non-blocking and regular only,
+through `stallwatch.procfs`. Not thread-safe: one thread polls a follower (`signals.logs.LogManager`), any thread
+may read its `stats()`.
+"""
+
+from __future__ import annotations
+
+import errno
+import itertools
+import logging
+import os
+import stat
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from stallwatch.logs.formats import decoder_for
+from stallwatch.logs.interpret import LogInterpreter
+from stallwatch.logs.journal import JournalReader
+from stallwatch.logs.source import LogSource
+from stallwatch.procfs import open_regular, read_bounded
+
+__all__ = ["FileStats", "Follower", "JournalLog", "LogFile", "open_log"]
+
+log = logging.getLogger(__name__)
+
+CHUNK_BYTES = 1 << 20
+MAX_PARTIAL_BYTES = 1 << 20  # of an unfinished line kept for matching; the rest is counted, not kept
+RECOVERY_BYTES = 64 << 20  # how far back from the end a restarted exporter looks for the last launch
+FDINFO_READ_LIMIT = 4096  # `pos`, `flags`, `mnt_id`, `ino`: under a hundred bytes
+
+
+@dataclass(frozen=True)
+class FileStats:
+    """A log's figures at one moment of its follower: published whole, never a mix of two polls."""
+
+    server: str
+    path: str
+    up: bool
+    size: int | None
+    read_bytes: int
+    lines: int
+    last_growth: float | None
+
+
+class Follower:
+    """What every kind of log reports: readability, bytes and lines of the engine's output, when it last grew.
+
+    The figures (`_up`, `_size`, `_read_bytes`, `_lines`, `_last_growth`) are the follower thread's own; other
+    threads read `stats()`, a frozen `FileStats` replaced whole (one reference assignment) after each poll, when the
+    log goes down, and before a replay."""
+
+    def __init__(self, server: str, source: LogSource, interpreter: LogInterpreter) -> None:
+        self.server, self.path, self.interpreter, self.source = server, source.path, interpreter, source
+        self._error: str | None = None
+        self._up = False
+        self._size: int | None = None
+        self._read_bytes = 0
+        self._lines = 0
+        self._last_growth: float | None = None
+        self._stats = FileStats(server, self.path, False, None, 0, 0, None)
+
+    def stats(self) -> FileStats:
+        return self._stats
+
+    def _publish(self) -> None:
+        self._stats = FileStats(self.server, self.path, self._up, self._size, self._read_bytes, self._lines,
+                                self._last_growth)
+
+    def mark_down(self, exc: Exception) -> None:
+        self._up = False
+        message = f"{type(exc).__name__}: {getattr(exc, 'strerror', None) or exc}"
+        if message != self._error:
+            log.warning("log %s of %s is not readable: %s", self.path, self.server, message)
+            self._error = message
+        self._publish()
+
+    def mark_up(self) -> None:
+        self._up = True
+        if self._error is not None:
+            log.info("log %s is readable again", self.path)
+            self._error = None
+
+    def retarget(self, source: LogSource) -> None:
+        self.source = source
+
+    def poll(self, deadline: float | None = None) -> bool:
+        """Read what is new, until `deadline` (monotonic) when given: whether some is left to read. The figures are
+        published when it returns or raises."""
+        try:
+            return self._poll(deadline)
+        finally:
+            self._publish()
+
+    def _poll(self, deadline: float | None) -> bool:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+
+class JournalLog(Follower):
+    """A server's journal entries (a systemd unit, or Docker's journald driver) since its launch. Entries from
+    before the exporter started replay the phase without counting as events, as a recovered file does."""
+
+    def __init__(self, server: str, source: LogSource, interpreter: LogInterpreter, since: float, started: float,
+                 directory: str | None) -> None:
+        super().__init__(server, source, interpreter)
+        self._started = started
+        self._reader = JournalReader(source.journal_match, since, directory=directory)
+
+    def _poll(self, deadline: float | None) -> bool:
+        """The reader's own byte budget bounds a call (`logs.journal`)."""
+        entries = self._reader.read()
+        if not self._reader.up and not entries:
+            self.mark_down(OSError(errno.EIO, f"journalctl: {self._reader.error or 'not running'}"))
+            return False
+        self.mark_up()
+        for new, group in itertools.groupby(entries, key=lambda entry: entry[0] >= self._started):
+            block = [message for _, message in group]
+            data = b"".join(block)
+            if new:
+                self._read_bytes += len(data)
+                self._lines += len(block)
+            self.interpreter.feed(data, count_events=new)
+        if entries:
+            self._last_growth = max(self._last_growth or 0.0, entries[-1][0])
+            if self._last_growth < self._started:
+                self.interpreter.recovered(self._last_growth)
+        return False
+
+    def close(self) -> None:
+        self._reader.close()
+
+
+@dataclass(frozen=True)
+class _Replay:
+    end: int  # the file's size when it was opened: what lies before is old news, replayed
+    mtime: float
+
+
+class LogFile(Follower):
+    """One log file of a server, read from `source.open_path` through the decoder of its format, so that the
+    interpreter, bytes and lines see the engine's own output without the runtime's framing."""
+
+    def __init__(self, server: str, source: LogSource, interpreter: LogInterpreter,
+                 wall: Callable[[], float] = time.time, recover: bool = True, recover_events: bool = False,
+                 replayed: Callable[[tuple[int, int]], bool] = lambda ident: False) -> None:
+        """`replayed(ident)`: whether another follower already replayed that (device, inode), which this one then
+        reads from its end (the processes of several servers can share one stdout file)."""
+        super().__init__(server, source, interpreter)
+        self._wall = wall
+        self._decoder = decoder_for(source.format)
+        self._recover = recover
+        self._recover_events = recover_events
+        self._replayed = replayed
+        self._replay: _Replay | None = None
+        self._fd: int | None = None
+        self.ident: tuple[int, int] | None = None
+        self._offset = 0
+        self._seen = 0  # the size last seen: a larger one is growth, however far behind the reading is
+        self._partial = bytearray()
+        self._overlong = False
+
+    def retarget(self, source: LogSource) -> None:
+        """The same log, now reached another way (a restarted process's `/proc/PID/fd` link)."""
+        if source != self.source:
+            self.source = source
+            self._decoder = decoder_for(source.format)
+
+    def _poll(self, deadline: float | None) -> bool:
+        if self.source.unavailable:
+            self.mark_down(OSError(errno.ENOTSUP, self.source.unavailable))
+            return False
+        try:
+            st = os.stat(self.source.open_path)
+        except OSError as exc:
+            self.mark_down(exc)
+            # Deleted, but the writer may still hold it open.
+            return self._fd is not None and self._drain(self._fd, deadline)
+        if not stat.S_ISREG(st.st_mode):  # a FIFO would block the follower, a directory cannot be read
+            self.mark_down(OSError(errno.EINVAL, "not a regular file"))
+            return False
+        if (st.st_dev, st.st_ino) != self.ident:
+            self._switch(st, deadline)
+        assert self._fd is not None
+        size = os.fstat(self._fd).st_size
+        if size < self._offset:  # copytruncate: start over at the top
+            self._offset = self._seen = 0
+            self._replay = None
+            self._partial.clear()
+            self._overlong = False
+            self._decoder.reset()
+        self._size = size
+        self._note_size(size)
+        try:
+            behind = self._read(self._fd, deadline)
+        except OSError as exc:
+            self.mark_down(exc)
+            return False
+        self.mark_up()
+        return behind
+
+    def _note_size(self, size: int) -> None:
+        """The log grew when its size did, not when its bytes are read (which may come later)."""
+        if size > self._seen:
+            self._last_growth = self._wall()
+        self._seen = size
+
+    def _switch(self, st: os.stat_result, deadline: float | None = None) -> None:
+        """Open the file now at `path`; the previous one (rotated away) is read to its end first, or as far as
+        the deadline allows (the rest is dropped with it)."""
+        if self._fd is not None:
+            self._drain(self._fd, deadline)
+            self._flush_partial()
+            os.close(self._fd)
+            self._fd = None
+        fd = open_log(self.source)
+        # Size and up before the replay: a scrape never sees what the file says without the file's own figures.
+        size = self._size = os.fstat(fd).st_size
+        self.mark_up()
+        ident = (st.st_dev, st.st_ino)
+        replayed = self._recover and self._replayed(ident)  # asked before this follower holds it too
+        self._fd, self.ident, self._offset, self._seen, self._replay = fd, ident, 0, 0, None
+        self._partial.clear()
+        self._overlong = False
+        self._decoder.reset()
+        if self._recover:
+            self._recover = False
+            self._seen = size
+            self._last_growth = st.st_mtime
+            if replayed:
+                self._offset = size
+            else:
+                self._offset = self._replay_start(fd, size)
+                self._replay = _Replay(size, st.st_mtime)
+        self._publish()  # before the replay is read (and fed to the interpreter) in `_read`
+
+    def _replay_start(self, fd: int, size: int) -> int:
+        """Where to replay an existing file from: the window (at most a chunk) that holds its last launch marker.
+        Its events count only when the server was launched after the exporter started (found by discovery a
+        little late); otherwise they are old news."""
+        floor = max(0, size - RECOVERY_BYTES)
+        end = size
+        while end > floor:
+            begin = max(floor, end - CHUNK_BYTES)
+            window = os.pread(fd, end - begin + 4096, begin)  # overlap: a marker across two chunks
+            if self.interpreter.has_launch(decoder_for(self.source.format).decode(window)):
+                return begin if begin == floor else begin + window.find(b"\n") + 1  # from a whole record
+            end = begin
+        return floor
+
+    def _read(self, fd: int, deadline: float | None) -> bool:
+        """Read on from the offset (what is left of the replay first) to the file's end, or until `deadline`:
+        whether some is left to read."""
+        while True:
+            replay = self._replay
+            if replay is not None and self._offset >= replay.end:
+                self._end_replay(replay)
+                replay = None
+            want = CHUNK_BYTES if replay is None else min(CHUNK_BYTES, replay.end - self._offset)
+            data = os.pread(fd, want, self._offset)
+            if not data:
+                if replay is None:
+                    return False
+                self._end_replay(replay)  # truncated under the replay: the next poll starts over
+                continue
+            self._offset += len(data)
+            text = self._decoder.decode(data)
+            if replay is None:
+                self._read_bytes += len(text)
+                self._lines += text.count(b"\n")
+            self._consume(text, count=replay is None or self._recover_events)
+            if deadline is not None and time.monotonic() >= deadline:
+                return True
+
+    def _end_replay(self, replay: _Replay) -> None:
+        self._flush_partial(count=self._recover_events)
+        self.interpreter.recovered(replay.mtime)
+        self._replay = None
+
+    def _drain(self, fd: int, deadline: float | None) -> bool:
+        """Read a file that is no longer at `path` on, as it still grows: whether some is left to read."""
+        try:
+            self._note_size(os.fstat(fd).st_size)
+            return self._read(fd, deadline)
+        except OSError as exc:
+            self.mark_down(exc)
+            return False
+
+    def _consume(self, data: bytes, count: bool) -> None:
+        """Hand complete lines (ended by \\n, or \\r for progress bars) to the interpreter; keep the rest."""
+        cut = max(data.rfind(b"\n"), data.rfind(b"\r"))
+        if cut < 0:
+            self._keep(data)
+            return
+        head = bytes(self._partial) + data[: cut + 1] if self._partial else data[: cut + 1]
+        self._partial.clear()
+        self._overlong = False
+        self.interpreter.feed(head, count_events=count)
+        self._keep(data[cut + 1 :])
+
+    def _keep(self, rest: bytes) -> None:
+        room = MAX_PARTIAL_BYTES - len(self._partial)
+        if len(rest) > room:
+            if not self._overlong:
+                log.debug("log %s: a line longer than %d bytes; matching its start only", self.path, room)
+            self._overlong = True
+            rest = rest[: max(room, 0)]
+        self._partial += rest
+
+    def _flush_partial(self, count: bool = True) -> None:
+        if self._partial:
+            self.interpreter.feed(bytes(self._partial) + b"\n", count_events=count)
+            self._partial.clear()
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+# include/uapi/asm-generic/fcntl.h: how a process holds a file, as `/proc/PID/fdinfo/N` prints `flags` (octal).
+_O_ACCMODE, _O_RDONLY, _O_PATH = 0o3, 0o0, 0o10000000
+
+
+def open_log(source: LogSource) -> int:
+    """A read-only descriptor of the regular file `source` names, opened once, checked before any byte is read.
+
+    Non-blocking: a FIFO swapped in after the follower's stat must not block it (fstat then refuses it). A `node`
+    file is opened without following a symlink; a process's `fd` link only while that process holds the file
+    open for writing, so that an `O_PATH` descriptor of a file its owner cannot read (`/etc/shadow`) is not
+    re-opened by the exporter with root's rights."""
+    fd = open_regular(source.open_path, nofollow=source.via == "node")
+    try:
+        if source.via == "fd":
+            _check_writer(source.open_path, os.fstat(fd))
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _check_writer(link: str, opened: os.stat_result) -> None:
+    """Raise unless the process behind `<procfs>/PID/fd/N` holds what we opened, open for writing. Checked after
+    our open: a descriptor swapped in before it shows here, one swapped after it is not what we opened."""
+    fd_dir, number = os.path.split(link)
+    info = read_bounded(os.path.join(os.path.dirname(fd_dir), "fdinfo", number), FDINFO_READ_LIMIT)
+    fields = dict(line.partition(b":")[::2] for line in info.splitlines())
+    flags = int(fields.get(b"flags", b"0").strip() or b"0", 8)
+    if flags & _O_PATH or flags & _O_ACCMODE == _O_RDONLY:
+        raise PermissionError(errno.EACCES, "the process does not hold it open for writing")
+    now = os.stat(link)
+    if (now.st_dev, now.st_ino) != (opened.st_dev, opened.st_ino):
+        raise OSError(errno.EAGAIN, "the process's descriptor changed while it was opened")

@@ -1,0 +1,24 @@
+"""A log of a server: where it is, how it is framed, and how far the exporter, root, may trust the way it opens it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["LogSource"]
+
+
+@dataclass(frozen=True)
+class LogSource:
+    """One log of a server. `path` is its label: the node's path of the file, the path the process sees, or
+    `journal:<unit>`. `open_path` is where the exporter reads it (under `--path.rootfs`, or a `/proc` link).
+    `via` says how far the exporter, root, may trust `open_path`: `path` from the admin's config (symlinks
+    followed), `fd` a process's `/proc/PID/fd/N` (read only while the process holds it open for writing), `node`
+    a file found through a process (never through a symlink: one swapped in after discovery could name any
+    file)."""
+
+    path: str
+    open_path: str = ""
+    format: str = "plain"  # plain | cri | docker | journal
+    journal_match: str = ""  # with format journal: `FIELD=value`
+    unavailable: str = ""  # why it cannot be read, when it cannot
+    via: str = "path"  # path | fd | node
