@@ -1,0 +1,327 @@
+"""`Nvml`, in-process on a test clock, over the fake pynvml of tests/support/fakes (nvidia-ml-py's own NVMLError
+classes and constants, device calls read from a scenario file): the snapshot, which makes no NVML call; the backoff of
+initialisation while NVML is missing; a lost GPU and a lost driver; a reader whose read is overdue.
+
+The survey and the readers are the loops `Nvml.start` hands to `run_every`: here they are kept instead of started, and
+each test runs them by name, so every read happens when the test says."""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import json
+import logging
+import os
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from stallwatch.signals import devices as devices_module
+from stallwatch.signals import nvml as nvml_module
+from stallwatch.signals.devices import Devices
+from stallwatch.signals.nvml import MAX_BACKOFF_SECONDS, UNAVAILABLE, Nvml
+from support.clock import Clock
+from support.harness import gpus
+from support.paths import FAKES
+
+WAIT = 5.0  # the most a test waits for a reader it runs in a thread
+
+
+class Rig:
+    """The fake pynvml loaded as `pynvml`, its scenario file, and the loops Nvml asked `run_every` to start."""
+
+    def __init__(self, path: Path, fake: ModuleType) -> None:
+        self.path, self.fake = path, fake
+        self.scenario: dict[str, Any] = {}
+        self.loops: dict[str, Callable[[], None]] = {}
+        self._version = 0
+
+    def update(self, **changes: Any) -> None:
+        self.scenario.update(changes)
+        self.path.write_text(json.dumps(self.scenario))
+        self._version += 1  # a new mtime each time: the fake re-reads the file only when it changes
+        os.utime(self.path, ns=(self._version * 10**9, self._version * 10**9))
+
+    def run_every(self, interval: float, action: Callable[[], None], name: str, *_: object, **__: object) -> None:
+        self.loops[name] = action
+
+    def run(self, name: str) -> None:
+        self.loops[name]()
+
+
+@pytest.fixture
+def rig(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Rig:
+    path = tmp_path / "nvml.json"
+    monkeypatch.setenv("STALLWATCH_FAKE_NVML", str(path))
+    spec = importlib.util.spec_from_file_location("pynvml", FAKES / "pynvml.py")
+    assert spec is not None and spec.loader is not None
+    fake = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "pynvml", fake)  # the fake loads the real module while it is `pynvml`
+    spec.loader.exec_module(fake)
+    monkeypatch.setattr(nvml_module, "pynvml", fake)
+    monkeypatch.setattr(devices_module, "pynvml", fake)
+    rig = Rig(path, fake)
+    monkeypatch.setattr(nvml_module, "run_every", rig.run_every)
+    rig.update(driver="550.54.15", gpus=gpus(2, used=40e9, util=50, processes=[{"pid": 1234, "used": 40e9}]))
+    return rig
+
+
+def _started(rig: Rig, clock: Clock, timeout: float = 5.0, sample_interval: float = 1.0) -> Nvml:
+    """An Nvml whose survey has run once (its readers are known, none has read yet)."""
+    nvml = Nvml(sample_interval, timeout, clock=clock)
+    nvml.start()
+    rig.run("NVML survey")
+    return nvml
+
+
+def _listed(found: Devices) -> list[str]:
+    return [d.index for d in found.devices]
+
+
+def _failed(found: Devices) -> list[tuple[str, str, str]]:
+    return [(f.index, f.uuid, type(f.error).__name__) for f in found.failed]
+
+
+def test_the_snapshot_knows_nothing_before_the_first_survey(rig: Rig) -> None:
+    """Before NVML was ever surveyed the snapshot is down and unknown, so no alert reads it as a failure."""
+    found = Nvml(1.0, clock=Clock()).read_devices()
+    assert (found.up, found.known, found.error) == (False, False, "NVML not read yet")
+
+
+def test_each_gpu_is_listed_once_its_reader_read_it(rig: Rig) -> None:
+    """The survey starts one reader per GPU; the snapshot lists each GPU with what its reader last read."""
+    nvml = _started(rig, Clock())
+    assert sorted(rig.loops) == ["NVML GPU 0", "NVML GPU 1", "NVML survey"]
+    found = nvml.read_devices()
+    assert (found.up, found.driver, found.devices, found.failed) == (True, "550.54.15", [], [])
+    rig.run("NVML GPU 1")
+    assert _listed(nvml.read_devices()) == ["1"]
+    rig.run("NVML GPU 0")
+    found = nvml.read_devices()
+    assert _listed(found) == ["0", "1"]
+    device = found.devices[0]
+    assert (device.uuid, device.name, device.used, device.total, device.utilization, device.processes) == (
+        gpus(1)[0]["uuid"], "NVIDIA H100 80GB HBM3", 40e9, 80 * 2**30, 0.5, {1234: 40e9})
+
+
+def test_the_snapshot_makes_no_nvml_call(rig: Rig, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Reading the snapshot (what a scrape does) calls nothing of NVML, so a hung driver cannot hold a scrape."""
+    nvml = _started(rig, Clock())
+    rig.run("NVML GPU 0")
+    rig.run("NVML GPU 1")
+    before = nvml.read_devices()
+
+    def called(*args: object, **kwargs: object) -> None:
+        raise AssertionError("an NVML call from the snapshot")
+
+    for name in dir(rig.fake):
+        if name.startswith("nvml") and callable(getattr(rig.fake, name)):
+            monkeypatch.setattr(rig.fake, name, called)
+    assert nvml.read_devices() == before
+
+
+def test_a_survey_without_nvml_reads_as_unavailable(rig: Rig) -> None:
+    """With no driver or library the snapshot is down (known), saying NVML is unavailable, and no reader starts."""
+    rig.update(missing=True)
+    nvml = _started(rig, Clock())
+    found = nvml.read_devices()
+    assert (found.up, found.known, found.error) == (False, True, UNAVAILABLE)
+    assert sorted(rig.loops) == ["NVML survey"]
+
+
+def test_initialisation_is_retried_with_a_backoff_that_doubles_to_its_cap(
+        rig: Rig, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """While NVML is missing, nvmlInit is tried 1, 2, 4 ... s apart, never more than MAX_BACKOFF_SECONDS, and the
+    failure is logged as a warning once."""
+    caplog.set_level(logging.DEBUG, logger="stallwatch.signals.nvml")
+    rig.update(missing=True)
+    attempts: list[float] = []
+    clock = Clock(1000.0)
+    real_init = rig.fake.nvmlInit
+
+    def init() -> None:
+        attempts.append(clock.now)
+        real_init()
+
+    monkeypatch.setattr(rig.fake, "nvmlInit", init)
+    nvml = Nvml(1.0, clock=clock)
+    gaps = [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, MAX_BACKOFF_SECONDS, MAX_BACKOFF_SECONDS]
+    assert nvml.available() is False
+    for gap in gaps:
+        clock.now += gap - 0.01
+        assert nvml.available() is False
+        clock.now += 0.01
+        assert nvml.available() is False
+    assert [b - a for a, b in itertools.pairwise(attempts)] == pytest.approx(gaps)
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "LibraryNotFound" in warnings[0].getMessage()
+
+
+def test_a_successful_initialisation_resets_the_backoff(rig: Rig) -> None:
+    """Once NVML initialised, a later loss of it is retried after 1 s again, not after the last long wait."""
+    clock = Clock(0.0)
+    rig.update(missing=True)
+    nvml = Nvml(1.0, clock=clock)
+    for gap in (0.0, 1.0, 2.0, 4.0):  # four failures: the next wait would be 16 s
+        clock.now += gap
+        assert nvml.available() is False
+    clock.now += 8.0
+    rig.update(missing=False)
+    assert nvml.available() is True
+    nvml.lost(rig.fake.NVMLError(rig.fake.NVML_ERROR_DRIVER_NOT_LOADED))
+    rig.update(missing=True)
+    assert nvml.available() is False
+    clock.now += 1.0
+    rig.update(missing=False)
+    assert nvml.available() is True
+
+
+def test_a_lost_gpu_is_failed_while_the_others_stay(rig: Rig, caplog: pytest.LogCaptureFixture) -> None:
+    """A GPU that fell off the bus is listed as failed (GpuIsLost, warned once), never with its last values; the
+    other GPUs stay listed; once it answers again it is listed again."""
+    caplog.set_level(logging.DEBUG, logger="stallwatch.signals.nvml")
+    nvml = _started(rig, Clock())
+    rig.run("NVML GPU 0")
+    rig.run("NVML GPU 1")
+    lost = gpus(2, used=40e9, util=50)
+    lost[1]["lost"] = True
+    rig.update(gpus=lost)
+    rig.run("NVML GPU 1")
+    rig.run("NVML GPU 1")
+    found = nvml.read_devices()
+    assert (found.up, _listed(found)) == (True, ["0"])
+    assert [(f.index, type(f.error)) for f in found.failed] == [("1", rig.fake.NVMLError_GpuIsLost)]
+    warned = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert [r.getMessage() for r in warned] == ["GPU 1 did not answer: NVMLError_GpuIsLost: GPU is lost"]
+    rig.update(gpus=gpus(2))
+    rig.run("NVML GPU 1")
+    assert (_listed(nvml.read_devices()), nvml.read_devices().failed) == (["0", "1"], [])
+
+
+def test_a_gpu_no_longer_counted_is_no_longer_listed(rig: Rig) -> None:
+    """When the survey counts fewer GPUs, the snapshot lists only those counted, not the last reading of the rest."""
+    nvml = _started(rig, Clock())
+    rig.run("NVML GPU 0")
+    rig.run("NVML GPU 1")
+    rig.update(gpus=gpus(1))
+    rig.run("NVML survey")
+    found = nvml.read_devices()
+    assert (_listed(found), found.failed) == (["0"], [])
+
+
+def test_a_lost_driver_makes_nvml_down_until_it_is_initialised_again(rig: Rig) -> None:
+    """A call that says NVML is uninitialised (the library unloaded under us) makes the snapshot down with NVML's
+    word; the next survey initialises NVML again and lists the GPUs."""
+    nvml = _started(rig, Clock())
+    rig.run("NVML GPU 0")
+    rig.fake.nvmlShutdown()  # as if the driver went away: every call now fails Uninitialized
+    rig.run("NVML GPU 0")
+    found = nvml.read_devices()
+    assert (found.up, found.error, found.devices) == (False, "NVML: Uninitialized", [])
+    rig.run("NVML survey")
+    rig.run("NVML GPU 0")
+    assert (nvml.read_devices().up, _listed(nvml.read_devices())) == (True, ["0"])
+
+
+def test_a_reader_that_stopped_reading_is_overdue(rig: Rig, caplog: pytest.LogCaptureFixture) -> None:
+    """A GPU whose last read ended more than `timeout` plus two intervals ago is failed (Timeout, with its UUID),
+    warned once; when its reader reads again it is listed again, said once."""
+    caplog.set_level(logging.INFO, logger="stallwatch.signals.nvml")
+    clock = Clock(100.0)
+    nvml = _started(rig, clock, timeout=5.0, sample_interval=1.0)
+    rig.run("NVML GPU 0")
+    rig.run("NVML GPU 1")
+    clock.now = 107.0  # 7 s since the last read ended: not yet more than 5 + 2 x 1
+    assert _listed(nvml.read_devices()) == ["0", "1"]
+    rig.run("NVML GPU 1")
+    clock.now = 107.5
+    for _ in range(2):
+        found = nvml.read_devices()
+        assert (_listed(found), _failed(found)) == (["1"], [("0", gpus(1)[0]["uuid"], "NVMLError_Timeout")])
+    rig.run("NVML GPU 0")
+    assert _listed(nvml.read_devices()) == ["0", "1"]
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("GPU 0")]
+    assert said == ["GPU 0 has not answered NVML for 5s; reported down until it does", "GPU 0 answers NVML again"]
+
+
+def test_a_read_in_flight_for_the_timeout_is_overdue(rig: Rig, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A GPU whose read has hung for `timeout` is failed, never listed with its last values; the other GPU and the
+    snapshot are not held by it; when the read ends the GPU is listed again."""
+    clock = Clock(100.0)
+    nvml = _started(rig, clock, timeout=5.0)
+    rig.run("NVML GPU 0")
+    rig.run("NVML GPU 1")
+    entered, answer = threading.Event(), threading.Event()
+    memory = rig.fake.nvmlDeviceGetMemoryInfo
+
+    def hanging(handle: Any, *args: Any, **kwargs: Any) -> Any:
+        if handle.index == 0:
+            entered.set()
+            answer.wait(WAIT)
+        return memory(handle, *args, **kwargs)
+
+    monkeypatch.setattr(rig.fake, "nvmlDeviceGetMemoryInfo", hanging)
+    reader = threading.Thread(target=rig.loops["NVML GPU 0"], daemon=True)
+    reader.start()
+    try:
+        assert entered.wait(WAIT)
+        clock.now = 104.9
+        assert _listed(nvml.read_devices()) == ["0", "1"]  # in flight, not yet late: its last reading stands
+        clock.now = 105.0
+        found = nvml.read_devices()
+        assert (_listed(found), _failed(found)) == (["1"], [("0", gpus(1)[0]["uuid"], "NVMLError_Timeout")])
+    finally:
+        answer.set()
+        reader.join(WAIT)
+    assert not reader.is_alive()
+    assert _listed(nvml.read_devices()) == ["0", "1"]
+
+
+def test_a_survey_in_flight_for_the_timeout_makes_nvml_down(rig: Rig, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A node-wide call (the GPU count) that hangs for `timeout` makes the whole snapshot down, saying so."""
+    clock = Clock(100.0)
+    nvml = _started(rig, clock, timeout=5.0)
+    entered, answer = threading.Event(), threading.Event()
+    count = rig.fake.nvmlDeviceGetCount
+
+    def hanging() -> int:
+        entered.set()
+        answer.wait(WAIT)
+        return count()
+
+    monkeypatch.setattr(rig.fake, "nvmlDeviceGetCount", hanging)
+    survey = threading.Thread(target=rig.loops["NVML survey"], daemon=True)
+    survey.start()
+    try:
+        assert entered.wait(WAIT)
+        clock.now = 104.9
+        assert nvml.read_devices().up is True
+        clock.now = 105.0
+        found = nvml.read_devices()
+        assert (found.up, found.error) == (False, "NVML did not answer within 5s")
+    finally:
+        answer.set()
+        survey.join(WAIT)
+    assert nvml.read_devices().up is True
+
+
+def test_a_reader_that_raises_other_than_nvml_is_broken(rig: Rig, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A reading that fails with something that is not an NVMLError (a bug, a library answering nonsense) is said in
+    `broken`, and the GPU's last values are not listed as if fresh."""
+    nvml = _started(rig, Clock())
+    rig.run("NVML GPU 0")
+    rig.run("NVML GPU 1")
+
+    def nonsense(handle: Any) -> str:
+        raise ValueError("nonsense")
+
+    monkeypatch.setattr(rig.fake, "nvmlDeviceGetName", nonsense)
+    with pytest.raises(ValueError):
+        rig.run("NVML GPU 0")  # run_every logs it and goes on
+    found = nvml.read_devices()
+    assert (found.up, _listed(found), found.broken) == (True, ["1"], ["GPU 0: ValueError: nonsense"])
