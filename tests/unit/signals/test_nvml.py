@@ -32,7 +32,7 @@ from support.paths import FAKES
 WAIT = 5.0  # the most a test waits for a reader it runs in a thread
 
 
-class Rig:
+class FakeNvml:
     """The fake pynvml loaded as `pynvml`, its scenario file, and the loops Nvml asked `run_every` to start."""
 
     def __init__(self, path: Path, fake: ModuleType) -> None:
@@ -55,7 +55,7 @@ class Rig:
 
 
 @pytest.fixture
-def rig(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Rig:
+def fake_nvml(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> FakeNvml:
     path = tmp_path / "nvml.json"
     monkeypatch.setenv("STALLWATCH_FAKE_NVML", str(path))
     spec = importlib.util.spec_from_file_location("pynvml", FAKES / "pynvml.py")
@@ -65,17 +65,17 @@ def rig(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Rig:
     spec.loader.exec_module(fake)
     monkeypatch.setattr(nvml_module, "pynvml", fake)
     monkeypatch.setattr(devices_module, "pynvml", fake)
-    rig = Rig(path, fake)
-    monkeypatch.setattr(nvml_module, "run_every", rig.run_every)
-    rig.update(driver="550.54.15", gpus=gpus(2, used=40e9, util=50, processes=[{"pid": 1234, "used": 40e9}]))
-    return rig
+    fake_nvml = FakeNvml(path, fake)
+    monkeypatch.setattr(nvml_module, "run_every", fake_nvml.run_every)
+    fake_nvml.update(driver="550.54.15", gpus=gpus(2, used=40e9, util=50, processes=[{"pid": 1234, "used": 40e9}]))
+    return fake_nvml
 
 
-def _started(rig: Rig, clock: Clock, timeout: float = 5.0, sample_interval: float = 1.0) -> Nvml:
+def _started(fake_nvml: FakeNvml, clock: Clock, timeout: float = 5.0, sample_interval: float = 1.0) -> Nvml:
     """An Nvml whose survey has run once (its readers are known, none has read yet)."""
     nvml = Nvml(sample_interval, timeout, clock=clock)
     nvml.start()
-    rig.run("NVML survey")
+    fake_nvml.run("NVML survey")
     return nvml
 
 
@@ -87,21 +87,21 @@ def _failed(found: Devices) -> list[tuple[str, str, str]]:
     return [(f.index, f.uuid, type(f.error).__name__) for f in found.failed]
 
 
-def test_the_snapshot_knows_nothing_before_the_first_survey(rig: Rig) -> None:
+def test_the_snapshot_knows_nothing_before_the_first_survey(fake_nvml: FakeNvml) -> None:
     """Before NVML was ever surveyed the snapshot is down and unknown, so no alert reads it as a failure."""
     found = Nvml(1.0, clock=Clock()).read_devices()
     assert (found.up, found.known, found.error) == (False, False, "NVML not read yet")
 
 
-def test_each_gpu_is_listed_once_its_reader_read_it(rig: Rig) -> None:
+def test_each_gpu_is_listed_once_its_reader_read_it(fake_nvml: FakeNvml) -> None:
     """The survey starts one reader per GPU; the snapshot lists each GPU with what its reader last read."""
-    nvml = _started(rig, Clock())
-    assert sorted(rig.loops) == ["NVML GPU 0", "NVML GPU 1", "NVML survey"]
+    nvml = _started(fake_nvml, Clock())
+    assert sorted(fake_nvml.loops) == ["NVML GPU 0", "NVML GPU 1", "NVML survey"]
     found = nvml.read_devices()
     assert (found.up, found.driver, found.devices, found.failed) == (True, "550.54.15", [], [])
-    rig.run("NVML GPU 1")
+    fake_nvml.run("NVML GPU 1")
     assert _listed(nvml.read_devices()) == ["1"]
-    rig.run("NVML GPU 0")
+    fake_nvml.run("NVML GPU 0")
     found = nvml.read_devices()
     assert _listed(found) == ["0", "1"]
     device = found.devices[0]
@@ -109,46 +109,46 @@ def test_each_gpu_is_listed_once_its_reader_read_it(rig: Rig) -> None:
         gpus(1)[0]["uuid"], "NVIDIA H100 80GB HBM3", 40e9, 80 * 2**30, 0.5, {1234: 40e9})
 
 
-def test_the_snapshot_makes_no_nvml_call(rig: Rig, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_snapshot_makes_no_nvml_call(fake_nvml: FakeNvml, monkeypatch: pytest.MonkeyPatch) -> None:
     """Reading the snapshot (what a scrape does) calls nothing of NVML, so a hung driver cannot hold a scrape."""
-    nvml = _started(rig, Clock())
-    rig.run("NVML GPU 0")
-    rig.run("NVML GPU 1")
+    nvml = _started(fake_nvml, Clock())
+    fake_nvml.run("NVML GPU 0")
+    fake_nvml.run("NVML GPU 1")
     before = nvml.read_devices()
 
     def called(*args: object, **kwargs: object) -> None:
         raise AssertionError("an NVML call from the snapshot")
 
-    for name in dir(rig.fake):
-        if name.startswith("nvml") and callable(getattr(rig.fake, name)):
-            monkeypatch.setattr(rig.fake, name, called)
+    for name in dir(fake_nvml.fake):
+        if name.startswith("nvml") and callable(getattr(fake_nvml.fake, name)):
+            monkeypatch.setattr(fake_nvml.fake, name, called)
     assert nvml.read_devices() == before
 
 
-def test_a_survey_without_nvml_reads_as_unavailable(rig: Rig) -> None:
+def test_a_survey_without_nvml_reads_as_unavailable(fake_nvml: FakeNvml) -> None:
     """With no driver or library the snapshot is down (known), saying NVML is unavailable, and no reader starts."""
-    rig.update(missing=True)
-    nvml = _started(rig, Clock())
+    fake_nvml.update(missing=True)
+    nvml = _started(fake_nvml, Clock())
     found = nvml.read_devices()
     assert (found.up, found.known, found.error) == (False, True, UNAVAILABLE)
-    assert sorted(rig.loops) == ["NVML survey"]
+    assert sorted(fake_nvml.loops) == ["NVML survey"]
 
 
 def test_initialisation_is_retried_with_a_backoff_that_doubles_to_its_cap(
-        rig: Rig, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+        fake_nvml: FakeNvml, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     """While NVML is missing, nvmlInit is tried 1, 2, 4 ... s apart, never more than MAX_BACKOFF_SECONDS, and the
     failure is logged as a warning once."""
     caplog.set_level(logging.DEBUG, logger="stallwatch.signals.nvml")
-    rig.update(missing=True)
+    fake_nvml.update(missing=True)
     attempts: list[float] = []
     clock = Clock(1000.0)
-    real_init = rig.fake.nvmlInit
+    real_init = fake_nvml.fake.nvmlInit
 
     def init() -> None:
         attempts.append(clock.now)
         real_init()
 
-    monkeypatch.setattr(rig.fake, "nvmlInit", init)
+    monkeypatch.setattr(fake_nvml.fake, "nvmlInit", init)
     nvml = Nvml(1.0, clock=clock)
     gaps = [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, MAX_BACKOFF_SECONDS, MAX_BACKOFF_SECONDS]
     assert nvml.available() is False
@@ -162,102 +162,102 @@ def test_initialisation_is_retried_with_a_backoff_that_doubles_to_its_cap(
     assert len(warnings) == 1 and "LibraryNotFound" in warnings[0].getMessage()
 
 
-def test_a_successful_initialisation_resets_the_backoff(rig: Rig) -> None:
+def test_a_successful_initialisation_resets_the_backoff(fake_nvml: FakeNvml) -> None:
     """Once NVML initialised, a later loss of it is retried after 1 s again, not after the last long wait."""
     clock = Clock(0.0)
-    rig.update(missing=True)
+    fake_nvml.update(missing=True)
     nvml = Nvml(1.0, clock=clock)
     for gap in (0.0, 1.0, 2.0, 4.0):  # four failures: the next wait would be 16 s
         clock.now += gap
         assert nvml.available() is False
     clock.now += 8.0
-    rig.update(missing=False)
+    fake_nvml.update(missing=False)
     assert nvml.available() is True
-    nvml.lost(rig.fake.NVMLError(rig.fake.NVML_ERROR_DRIVER_NOT_LOADED))
-    rig.update(missing=True)
+    nvml.lost(fake_nvml.fake.NVMLError(fake_nvml.fake.NVML_ERROR_DRIVER_NOT_LOADED))
+    fake_nvml.update(missing=True)
     assert nvml.available() is False
     clock.now += 1.0
-    rig.update(missing=False)
+    fake_nvml.update(missing=False)
     assert nvml.available() is True
 
 
-def test_a_lost_gpu_is_failed_while_the_others_stay(rig: Rig, caplog: pytest.LogCaptureFixture) -> None:
+def test_a_lost_gpu_is_failed_while_the_others_stay(fake_nvml: FakeNvml, caplog: pytest.LogCaptureFixture) -> None:
     """A GPU that fell off the bus is listed as failed (GpuIsLost, warned once), never with its last values; the
     other GPUs stay listed; once it answers again it is listed again."""
     caplog.set_level(logging.DEBUG, logger="stallwatch.signals.nvml")
-    nvml = _started(rig, Clock())
-    rig.run("NVML GPU 0")
-    rig.run("NVML GPU 1")
+    nvml = _started(fake_nvml, Clock())
+    fake_nvml.run("NVML GPU 0")
+    fake_nvml.run("NVML GPU 1")
     lost = gpus(2, used=40e9, util=50)
     lost[1]["lost"] = True
-    rig.update(gpus=lost)
-    rig.run("NVML GPU 1")
-    rig.run("NVML GPU 1")
+    fake_nvml.update(gpus=lost)
+    fake_nvml.run("NVML GPU 1")
+    fake_nvml.run("NVML GPU 1")
     found = nvml.read_devices()
     assert (found.up, _listed(found)) == (True, ["0"])
-    assert [(f.index, type(f.error)) for f in found.failed] == [("1", rig.fake.NVMLError_GpuIsLost)]
+    assert [(f.index, type(f.error)) for f in found.failed] == [("1", fake_nvml.fake.NVMLError_GpuIsLost)]
     warned = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert [r.getMessage() for r in warned] == ["GPU 1 did not answer: NVMLError_GpuIsLost: GPU is lost"]
-    rig.update(gpus=gpus(2))
-    rig.run("NVML GPU 1")
+    fake_nvml.update(gpus=gpus(2))
+    fake_nvml.run("NVML GPU 1")
     assert (_listed(nvml.read_devices()), nvml.read_devices().failed) == (["0", "1"], [])
 
 
-def test_a_gpu_no_longer_counted_is_no_longer_listed(rig: Rig) -> None:
+def test_a_gpu_no_longer_counted_is_no_longer_listed(fake_nvml: FakeNvml) -> None:
     """When the survey counts fewer GPUs, the snapshot lists only those counted, not the last reading of the rest."""
-    nvml = _started(rig, Clock())
-    rig.run("NVML GPU 0")
-    rig.run("NVML GPU 1")
-    rig.update(gpus=gpus(1))
-    rig.run("NVML survey")
+    nvml = _started(fake_nvml, Clock())
+    fake_nvml.run("NVML GPU 0")
+    fake_nvml.run("NVML GPU 1")
+    fake_nvml.update(gpus=gpus(1))
+    fake_nvml.run("NVML survey")
     found = nvml.read_devices()
     assert (_listed(found), found.failed) == (["0"], [])
 
 
-def test_a_lost_driver_makes_nvml_down_until_it_is_initialised_again(rig: Rig) -> None:
+def test_a_lost_driver_makes_nvml_down_until_it_is_initialised_again(fake_nvml: FakeNvml) -> None:
     """A call that says NVML is uninitialised (the library unloaded under us) makes the snapshot down with NVML's
     word; the next survey initialises NVML again and lists the GPUs."""
-    nvml = _started(rig, Clock())
-    rig.run("NVML GPU 0")
-    rig.fake.nvmlShutdown()  # as if the driver went away: every call now fails Uninitialized
-    rig.run("NVML GPU 0")
+    nvml = _started(fake_nvml, Clock())
+    fake_nvml.run("NVML GPU 0")
+    fake_nvml.fake.nvmlShutdown()  # as if the driver went away: every call now fails Uninitialized
+    fake_nvml.run("NVML GPU 0")
     found = nvml.read_devices()
     assert (found.up, found.error, found.devices) == (False, "NVML: Uninitialized", [])
-    rig.run("NVML survey")
-    rig.run("NVML GPU 0")
+    fake_nvml.run("NVML survey")
+    fake_nvml.run("NVML GPU 0")
     assert (nvml.read_devices().up, _listed(nvml.read_devices())) == (True, ["0"])
 
 
-def test_a_reader_that_stopped_reading_is_overdue(rig: Rig, caplog: pytest.LogCaptureFixture) -> None:
+def test_a_reader_that_stopped_reading_is_overdue(fake_nvml: FakeNvml, caplog: pytest.LogCaptureFixture) -> None:
     """A GPU whose last read ended more than `timeout` plus two intervals ago is failed (Timeout, with its UUID),
     warned once; when its reader reads again it is listed again, said once."""
     caplog.set_level(logging.INFO, logger="stallwatch.signals.nvml")
     clock = Clock(100.0)
-    nvml = _started(rig, clock, timeout=5.0, sample_interval=1.0)
-    rig.run("NVML GPU 0")
-    rig.run("NVML GPU 1")
+    nvml = _started(fake_nvml, clock, timeout=5.0, sample_interval=1.0)
+    fake_nvml.run("NVML GPU 0")
+    fake_nvml.run("NVML GPU 1")
     clock.now = 107.0  # 7 s since the last read ended: not yet more than 5 + 2 x 1
     assert _listed(nvml.read_devices()) == ["0", "1"]
-    rig.run("NVML GPU 1")
+    fake_nvml.run("NVML GPU 1")
     clock.now = 107.5
     for _ in range(2):
         found = nvml.read_devices()
         assert (_listed(found), _failed(found)) == (["1"], [("0", gpus(1)[0]["uuid"], "NVMLError_Timeout")])
-    rig.run("NVML GPU 0")
+    fake_nvml.run("NVML GPU 0")
     assert _listed(nvml.read_devices()) == ["0", "1"]
     said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("GPU 0")]
     assert said == ["GPU 0 has not answered NVML for 5s; reported down until it does", "GPU 0 answers NVML again"]
 
 
-def test_a_read_in_flight_for_the_timeout_is_overdue(rig: Rig, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_read_in_flight_for_the_timeout_is_overdue(fake_nvml: FakeNvml, monkeypatch: pytest.MonkeyPatch) -> None:
     """A GPU whose read has hung for `timeout` is failed, never listed with its last values; the other GPU and the
     snapshot are not held by it; when the read ends the GPU is listed again."""
     clock = Clock(100.0)
-    nvml = _started(rig, clock, timeout=5.0)
-    rig.run("NVML GPU 0")
-    rig.run("NVML GPU 1")
+    nvml = _started(fake_nvml, clock, timeout=5.0)
+    fake_nvml.run("NVML GPU 0")
+    fake_nvml.run("NVML GPU 1")
     entered, answer = threading.Event(), threading.Event()
-    memory = rig.fake.nvmlDeviceGetMemoryInfo
+    memory = fake_nvml.fake.nvmlDeviceGetMemoryInfo
 
     def hanging(handle: Any, *args: Any, **kwargs: Any) -> Any:
         if handle.index == 0:
@@ -265,8 +265,8 @@ def test_a_read_in_flight_for_the_timeout_is_overdue(rig: Rig, monkeypatch: pyte
             answer.wait(WAIT)
         return memory(handle, *args, **kwargs)
 
-    monkeypatch.setattr(rig.fake, "nvmlDeviceGetMemoryInfo", hanging)
-    reader = threading.Thread(target=rig.loops["NVML GPU 0"], daemon=True)
+    monkeypatch.setattr(fake_nvml.fake, "nvmlDeviceGetMemoryInfo", hanging)
+    reader = threading.Thread(target=fake_nvml.loops["NVML GPU 0"], daemon=True)
     reader.start()
     try:
         assert entered.wait(WAIT)
@@ -282,20 +282,21 @@ def test_a_read_in_flight_for_the_timeout_is_overdue(rig: Rig, monkeypatch: pyte
     assert _listed(nvml.read_devices()) == ["0", "1"]
 
 
-def test_a_survey_in_flight_for_the_timeout_makes_nvml_down(rig: Rig, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_survey_in_flight_for_the_timeout_makes_nvml_down(fake_nvml: FakeNvml,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """A node-wide call (the GPU count) that hangs for `timeout` makes the whole snapshot down, saying so."""
     clock = Clock(100.0)
-    nvml = _started(rig, clock, timeout=5.0)
+    nvml = _started(fake_nvml, clock, timeout=5.0)
     entered, answer = threading.Event(), threading.Event()
-    count = rig.fake.nvmlDeviceGetCount
+    count = fake_nvml.fake.nvmlDeviceGetCount
 
     def hanging() -> int:
         entered.set()
         answer.wait(WAIT)
         return count()
 
-    monkeypatch.setattr(rig.fake, "nvmlDeviceGetCount", hanging)
-    survey = threading.Thread(target=rig.loops["NVML survey"], daemon=True)
+    monkeypatch.setattr(fake_nvml.fake, "nvmlDeviceGetCount", hanging)
+    survey = threading.Thread(target=fake_nvml.loops["NVML survey"], daemon=True)
     survey.start()
     try:
         assert entered.wait(WAIT)
@@ -310,18 +311,18 @@ def test_a_survey_in_flight_for_the_timeout_makes_nvml_down(rig: Rig, monkeypatc
     assert nvml.read_devices().up is True
 
 
-def test_a_reader_that_raises_other_than_nvml_is_broken(rig: Rig, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_reader_that_raises_other_than_nvml_is_broken(fake_nvml: FakeNvml, monkeypatch: pytest.MonkeyPatch) -> None:
     """A reading that fails with something that is not an NVMLError (a bug, a library answering nonsense) is said in
     `broken`, and the GPU's last values are not listed as if fresh."""
-    nvml = _started(rig, Clock())
-    rig.run("NVML GPU 0")
-    rig.run("NVML GPU 1")
+    nvml = _started(fake_nvml, Clock())
+    fake_nvml.run("NVML GPU 0")
+    fake_nvml.run("NVML GPU 1")
 
     def nonsense(handle: Any) -> str:
         raise ValueError("nonsense")
 
-    monkeypatch.setattr(rig.fake, "nvmlDeviceGetName", nonsense)
+    monkeypatch.setattr(fake_nvml.fake, "nvmlDeviceGetName", nonsense)
     with pytest.raises(ValueError):
-        rig.run("NVML GPU 0")  # run_every logs it and goes on
+        fake_nvml.run("NVML GPU 0")  # run_every logs it and goes on
     found = nvml.read_devices()
     assert (found.up, _listed(found), found.broken) == (True, ["1"], ["GPU 0: ValueError: nonsense"])
