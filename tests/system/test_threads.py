@@ -1,11 +1,13 @@
 """The threads of a running exporter are the ones `docs/architecture.md` lists ("Threads"), by their names: every
 thread that runs is in the table, and every thread the table says runs always is running. The names come from
-`py-spy dump` (Python 3.11 does not give them to the kernel: `/proc/PID/task/*/comm` says `python`)."""
+`py-spy dump` (Python 3.11 does not give them to the kernel: `/proc/PID/task/*/comm` says `python`), while a
+simulated engine is watched and probed, and while its status page takes its stacks."""
 
 from __future__ import annotations
 
 import re
 import subprocess
+import threading
 from dataclasses import dataclass
 
 import pytest
@@ -64,7 +66,8 @@ def running_threads(pid: int) -> list[tuple[str, list[str]]]:
 def test_the_running_threads_are_the_documented_ones(exporter, engine) -> None:
     rows = documented_threads()
     sim = engine("vllm", t.vllm_healthy(), final="serve", tp=1)
-    e = exporter(nvml={"gpus": gpus(2)})  # two GPUs: their readers, NVML's events, the kernel log
+    # Two GPUs: their readers, NVML's events, the kernel log; evidence: the status page's stack rounds.
+    e = exporter(nvml={"gpus": gpus(2)}, config="web: {show_evidence: true}\n")
     url = f"http://127.0.0.1:{sim.port}/health"
     # Probed: the server is watched, so both pools (probes, engine pages) have threads.
     e.wait_for(lambda s: s.value("stallwatch_probe_success", server=sim.name, url=url) == 1, timeout=30,
@@ -81,6 +84,12 @@ def test_the_running_threads_are_the_documented_ones(exporter, engine) -> None:
         return True
 
     poll(every_always_thread_runs, timeout=60, interval=0.5, what="every thread the table calls always running")
+    # A status page with evidence takes the server's stacks: its round's threads (py-spy's pool, its deadlines)
+    # are checked too when a dump catches them.
+    page = threading.Thread(target=e.get, args=(f"/servers/{sim.name}",), daemon=True)
+    page.start()
+    while page.is_alive():
+        seen.update(running_threads(e.proc.pid))
     undocumented = sorted(name for name in seen if not any(row.pattern.fullmatch(name) for row in rows))
     assert not undocumented, f"threads not in docs/architecture.md's Threads table: {undocumented}"
     strangers = {name: frames for name, frames in seen.items()
