@@ -66,13 +66,14 @@ class PerServerLoops(Generic[K, W, S]):
     threads per server would grow with them). `reconcile` keeps them in step with what is wanted now: a key no longer
     wanted stops its loop; a key whose work changed (compared with `==`) restarts it with the same state, so the
     counters it keeps never go back. A loop's next step is due `interval` after its last one ended; one loop never
-    runs two steps at once, and the loop due first runs first."""
+    runs two steps at once, and the loop due first runs first. The pool's threads are named `<pool> N` (N from
+    0), as docs/architecture.md lists them."""
 
     def __init__(self, step: Callable[[W, S], None], interval: Callable[[W], float], name: Callable[[W], str],
                  new_state: Callable[[K], S], workers: int = POOL_WORKERS,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, pool: str = "loop pool") -> None:
         self._step, self._interval, self._name, self._new_state = step, interval, name, new_state
-        self._workers, self._clock = workers, clock
+        self._workers, self._clock, self._pool = workers, clock, pool
         self._lock = threading.Condition()
         self._loops: dict[K, _Loop[W, S]] = {}
         self._due: list[tuple[float, int, _Loop[W, S]]] = []  # heap of loops waiting for their next step
@@ -94,7 +95,8 @@ class PerServerLoops(Generic[K, W, S]):
                                                  self._name(work))
                 self._schedule(fresh, self._clock())
             while len(self._threads) < min(self._workers, len(self._loops)):
-                thread = threading.Thread(target=self._work, name=f"loop pool {len(self._threads)}", daemon=True)
+                thread = threading.Thread(target=self._work, name=f"{self._pool} {len(self._threads)}",
+                                          daemon=True)
                 self._threads.append(thread)
                 thread.start()
 

@@ -70,7 +70,7 @@ def scan() -> list[Candidate]:
 class ProcessTable:
     """The parent of every process, read once for all servers' trees at most every `max_age` seconds: psutil's
     `children(recursive=True)` reads every `/proc/PID/stat` on each call, which made scrapes cost servers x
-    processes (audit 2026-12-01 #3)."""
+    processes (docs/research/audit-2026-12-01.md #3)."""
 
     def __init__(self, procfs: str, max_age: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.procfs, self.max_age, self._clock = procfs, max_age, clock

@@ -67,6 +67,7 @@ def _run(argv: list[str]) -> tuple[int | None, bytes]:
         proc.kill()
 
     timer = threading.Timer(PYSPY_TIMEOUT, expire)
+    timer.name = "py-spy deadline"
     timer.start()
     try:
         assert proc.stdout is not None
@@ -101,7 +102,7 @@ def parse_dump(text: str) -> list[ThreadStack]:
 def stacks(processes: list[ProcessInfo]) -> list[StackGroup]:
     binary = pyspy_binary()
     live = [p for p in processes if p.state != "Z"]
-    with ThreadPoolExecutor(max_workers=min(16, len(live) or 1)) as pool:
+    with ThreadPoolExecutor(max_workers=min(16, len(live) or 1), thread_name_prefix="py-spy") as pool:
         dumps = list(pool.map(lambda p: dump(p.pid, binary), live))
     groups: dict[str, StackGroup] = {}
     for proc, (threads, error) in zip(live, dumps, strict=True):

@@ -1,5 +1,6 @@
-"""Each server's own `/metrics` page, fetched by a background thread per server (never inside a scrape), and the
-engine's figures read from it: requests running and waiting and tokens generated (`source="metrics"`).
+"""Each server's own `/metrics` page, fetched by one loop per server on a pool of `loops.POOL_WORKERS` threads
+(never inside a scrape), and the engine's figures read from it: requests running and waiting and tokens generated
+(`source="metrics"`).
 
 The address is the health probe's (`Launch.probes`: an address of the server's own) with the engine's metrics
 path; a derived one is fetched only while the server's own tree listens on the port, as the probe is. One deadline

@@ -1,4 +1,5 @@
-"""HTTP probes of each server's health URLs, run by background threads (never inside a scrape).
+"""HTTP probes of each server's health URLs, one loop per (server, URL) on a pool of `loops.POOL_WORKERS` threads
+(never inside a scrape).
 
 Like blackbox_exporter's http prober: no redirects followed (3xx fails), at most 64 KiB of the body read,
 and every failure classified as `refused`, `timeout`, `http_status` or `error`. A server that listens on

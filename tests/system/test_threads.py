@@ -1,0 +1,97 @@
+"""The threads of a running exporter are the ones `docs/architecture.md` lists ("Threads"), by their names: every
+thread that runs is in the table, and every thread the table says runs always is running. The names come from
+`py-spy dump` (Python 3.11 does not give them to the kernel: `/proc/PID/task/*/comm` says `python`), while a
+simulated engine is watched and probed, and while its status page takes its stacks."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import threading
+from dataclasses import dataclass
+
+import pytest
+
+from stallwatch.report.stacks import pyspy_binary
+from support import transcripts as t
+from support.harness import gpus, poll
+from support.paths import ROOT
+
+pytestmark = pytest.mark.process
+
+ROW = re.compile(r"^\| `([^`]+)` \| ([^|]+?) \|", re.MULTILINE)
+THREAD = re.compile(r'^Thread \S+ \([^)]*\): "(.*)"\s*$')
+# A thread nobody named is `Thread-N`: the table says those are watchdog's and the timers'.
+UNNAMED = re.compile(r"^Thread-\d+$")
+UNNAMED_FRAMES = ("watchdog/", "Timer.run ")
+
+
+@dataclass(frozen=True)
+class Documented:
+    name: str
+    pattern: re.Pattern[str]
+    always: bool
+
+
+def documented_threads() -> list[Documented]:
+    """The Threads table's rows: `N` in a name is a number, `<server>` a server's name."""
+    page = (ROOT / "docs" / "architecture.md").read_text()
+    section = page.split("\n## Threads\n", 1)[1].split("\n#", 1)[0]
+    rows = []
+    for name, running in ROW.findall(section):
+        if name == "thread":
+            continue
+        parts = re.split(r"((?<![A-Za-z])N(?![A-Za-z])|<server>)", name)
+        regex = "".join(r"\d+" if p == "N" else ".+" if p == "<server>" else re.escape(p) for p in parts)
+        rows.append(Documented(name, re.compile(regex), running.startswith("always")))
+    assert rows, "no Threads table in docs/architecture.md"
+    return rows
+
+
+def running_threads(pid: int) -> list[tuple[str, list[str]]]:
+    """The name and frames of each Python thread of `pid`, from `py-spy dump`."""
+    out = subprocess.run([pyspy_binary() or "py-spy", "dump", "--pid", str(pid)], capture_output=True, text=True,
+                         timeout=30)
+    assert out.returncode == 0, out.stdout + out.stderr
+    threads: list[tuple[str, list[str]]] = []
+    for line in out.stdout.splitlines():
+        head = THREAD.match(line)
+        if head:
+            threads.append((head.group(1), []))
+        elif threads and line.startswith(" "):
+            threads[-1][1].append(line.strip())
+    return threads
+
+
+def test_the_running_threads_are_the_documented_ones(exporter, engine) -> None:
+    rows = documented_threads()
+    sim = engine("vllm", t.vllm_healthy(), final="serve", tp=1)
+    # Two GPUs: their readers, NVML's events, the kernel log; evidence: the status page's stack rounds.
+    e = exporter(nvml={"gpus": gpus(2)}, config="web: {show_evidence: true}\n")
+    url = f"http://127.0.0.1:{sim.port}/health"
+    # Probed: the server is watched, so both pools (probes, engine pages) have threads.
+    e.wait_for(lambda s: s.value("stallwatch_probe_success", server=sim.name, url=url) == 1, timeout=30,
+               what="the simulated engine probed")
+
+    seen: dict[str, list[str]] = {}  # each name seen in any dump, with its frames then (`Thread-N` names are unique)
+
+    def every_always_thread_runs() -> bool:
+        now = running_threads(e.proc.pid)
+        seen.update(now)
+        names = [name for name, _ in now]
+        missing = [row.name for row in rows if row.always and not any(row.pattern.fullmatch(n) for n in names)]
+        assert not missing, f"documented as always running, not running: {missing}; running: {sorted(set(names))}"
+        return True
+
+    poll(every_always_thread_runs, timeout=60, interval=0.5, what="every thread the table calls always running")
+    # A status page with evidence takes the server's stacks: its round's threads (py-spy's pool, its deadlines)
+    # are checked too when a dump catches them.
+    page = threading.Thread(target=e.get, args=(f"/servers/{sim.name}",), daemon=True)
+    page.start()
+    while page.is_alive():
+        seen.update(running_threads(e.proc.pid))
+    undocumented = sorted(name for name in seen if not any(row.pattern.fullmatch(name) for row in rows))
+    assert not undocumented, f"threads not in docs/architecture.md's Threads table: {undocumented}"
+    strangers = {name: frames for name, frames in seen.items()
+                 if UNNAMED.match(name) and not any(mark in f for f in frames for mark in UNNAMED_FRAMES)}
+    assert not strangers, f"unnamed threads that are neither watchdog's nor a timer: {strangers}"
