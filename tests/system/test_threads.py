@@ -21,9 +21,9 @@ pytestmark = pytest.mark.process
 
 ROW = re.compile(r"^\| `([^`]+)` \| ([^|]+?) \|", re.MULTILINE)
 THREAD = re.compile(r'^Thread \S+ \([^)]*\): "(.*)"\s*$')
-# A thread nobody named is `Thread-N`: the table says those are watchdog's and the timers'.
+# A thread nobody named is `Thread-N`: the table says those are watchdog's.
 UNNAMED = re.compile(r"^Thread-\d+$")
-UNNAMED_FRAMES = ("watchdog/", "Timer.run ")
+UNNAMED_FRAMES = ("watchdog/",)
 
 
 @dataclass(frozen=True)

@@ -153,7 +153,7 @@ class LogManager:
     def start(self) -> None:
         try:
             observer = Observer()
-            observer.daemon = True
+            observer.name, observer.daemon = "log inotify", True
             observer.start()
             self._observer = observer
         except OSError as exc:

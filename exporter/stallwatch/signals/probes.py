@@ -90,7 +90,7 @@ def fetch(url: str, timeout: float, max_body: int) -> tuple[Result, bytes | None
         return Result(False, 0.0, 0, "error"), None
     expired = threading.Event()
     deadline = threading.Timer(timeout, _abort, (connection, expired))
-    deadline.daemon = True
+    deadline.name, deadline.daemon = "fetch deadline", True
     deadline.start()
     status, body = 0, None
     try:
@@ -144,7 +144,7 @@ class ProbeManager:
         self._procfs, self._enter_netns, self._wall = procfs, enter_netns, wall
         self._loops: PerServerLoops[tuple[str, str], tuple[ProbeTarget, Server], ProbeState] = PerServerLoops(
             self._step, lambda work: work[0].probe.interval, lambda work: f"probe {work[0].probe.url}",
-            lambda key: ProbeState(*key))
+            lambda key: ProbeState(*key), pool="probe pool")
 
     def reconcile(self, servers: list[Server]) -> None:
         # Keep the counters when only interval or timeout changed: they must never go back.
