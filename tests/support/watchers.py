@@ -1,6 +1,7 @@
-"""Watchers for the tests: over configured servers only, with discovery off and a command-line match that no process
-has, so that what else runs on the machine (another SGLang) never joins the test; or discovering only the candidates
-a test hands it, on the test's clock."""
+"""Watchers and log managers for the tests. A watcher over configured servers only, with discovery off and a
+command-line match that no process has, so that what else runs on the machine (another SGLang) never joins the
+test; or one discovering only the candidates a test hands it, on the test's clock. A log manager of such a watcher,
+not started: a test drives its passes."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ import psutil
 from stallwatch.config import Config, Discovery, Paths, ServerSpec
 from stallwatch.discovery.processes import Candidate
 from stallwatch.discovery.watcher import Watcher
+from stallwatch.logs.follow import FileStats
+from stallwatch.signals.logs import LogManager
 from support.clock import Clock
 
 NO_PROCESS = re.compile(r"no-such-process-matches-this-\d{40}")
@@ -36,3 +39,35 @@ def watcher(tmp_path: Path, found: list[Candidate], clock: Clock | None = None, 
     """A discovering watcher whose scans find `found` and nothing else, with procfs under `tmp_path`."""
     base = Config(discovery=Discovery(enabled=True, forget_after=60.0), paths=Paths(procfs=str(tmp_path)))
     return Watcher(dataclasses.replace(base, **config), clock=clock or Clock(), scan=lambda: list(found))
+
+
+def watcher_with_logs(tmp_path: Path, count: int) -> tuple[Watcher, list[Path]]:
+    """`count` servers `s0`, `s1`... each following a log of its own under `tmp_path` (one line in each)."""
+    files = [tmp_path / f"{i}.log" for i in range(count)]
+    for f in files:
+        f.write_bytes(b"hello\n")
+    return log_watcher({f"s{i}": [f] for i, f in enumerate(files)}), files
+
+
+def manager(*logs: str | Path) -> tuple[LogManager, Watcher, Clock]:
+    """A log manager (not started) of one server `s` following `logs`, on a test clock."""
+    watcher = log_watcher({"s": logs})
+    clock = Clock()
+    return LogManager(watcher, poll_interval=1.0, wall=clock), watcher, clock
+
+
+def stats(m: LogManager, path: str | Path | None = None) -> FileStats:
+    """The figures of the one file followed (of `path`)."""
+    found = [s for s in m.stats() if path is None or s.path == str(path)]
+    assert len(found) == 1, m.stats()
+    return found[0]
+
+
+def phase(watcher: Watcher) -> str:
+    """The first server's phase."""
+    return watcher.servers()[0].interpreter.snapshot().phase
+
+
+def append(path: Path, data: bytes) -> None:
+    with open(path, "ab") as f:
+        f.write(data)

@@ -1,36 +1,23 @@
-"""Following logs: rotation, truncation, deletion, symlinks, binary bytes, endless lines, FIFOs and shared files,
-each reported in the follower's figures, never fatal."""
+"""The log manager: every server's logs from one thread, woken by inotify; one bad or hostile file is its own
+`log_up` 0 and never holds back another server's log; a file shared by several servers is replayed once; a dead or
+stuck follower fails the logs collector."""
 
 from __future__ import annotations
 
 import dataclasses
-import os
 import threading
 import time
-import tracemalloc
 from pathlib import Path
 
 import pytest
 
 from stallwatch.collectors import StallwatchCollector
 from stallwatch.collectors.logs import LogsCollector
-from stallwatch.discovery.watcher import Watcher
-from stallwatch.logs import follow as logfollow
-from stallwatch.logs.follow import FileStats, LogFile
 from stallwatch.logs.source import LogSource
 from stallwatch.signals.logs import LogManager
 from support import transcripts
-from support import transcripts as t
-from support.clock import Clock
 from support.harness import poll
-from support.watchers import log_watcher
-
-
-def _watcher_with_logs(tmp_path: Path, count: int) -> tuple[Watcher, list[Path]]:
-    files = [tmp_path / f"{i}.log" for i in range(count)]
-    for f in files:
-        f.write_bytes(b"hello\n")
-    return log_watcher({f"s{i}": [f] for i, f in enumerate(files)}), files
+from support.watchers import append, log_watcher, manager, phase, watcher_with_logs
 
 
 def _success(root: StallwatchCollector, name: str) -> float:
@@ -47,55 +34,8 @@ LAUNCH = b"[2026-11-20 09:14:02] server_args=ServerArgs(model_path='m', tp_size=
 LOAD = b"[2026-11-20 09:14:13] Load weight begin. avail mem=78.54 GB\n"
 
 
-def manager(*logs: str | Path) -> tuple[LogManager, Watcher, Clock]:
-    watcher = log_watcher({"s": logs})
-    clock = Clock()
-    return LogManager(watcher, poll_interval=1.0, wall=clock), watcher, clock
-
-
-def stats(m: LogManager, path: str | Path | None = None) -> FileStats:
-    found = [s for s in m.stats() if path is None or s.path == str(path)]
-    assert len(found) == 1, m.stats()
-    return found[0]
-
-
-def phase(watcher: Watcher) -> str:
-    return watcher.servers()[0].interpreter.snapshot().phase
-
-
-def append(path: Path, data: bytes) -> None:
-    with open(path, "ab") as f:
-        f.write(data)
-
-
-def test_file_swapped_for_a_fifo_between_stat_and_open_does_not_block(tmp_path: Path) -> None:
-    watcher, (path,) = _watcher_with_logs(tmp_path, 1)
-    server = watcher.servers()[0]
-    follower = LogFile(server.name, server.launch.log_sources[0], server.interpreter)
-    before = os.stat(path)  # what the follower's stat saw
-    path.unlink()
-    os.mkfifo(path)  # ... and what is there when it opens: nobody ever writes it
-    errors: list[BaseException] = []
-
-    def switch() -> None:
-        try:
-            follower._switch(before)
-        except OSError as exc:
-            errors.append(exc)
-
-    thread = threading.Thread(target=switch, daemon=True)
-    thread.start()
-    thread.join(5)
-    blocked = thread.is_alive()
-    if blocked:  # unblock the stuck open, so the test ends
-        os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
-        thread.join(5)
-    assert not blocked, "the follower blocked on a FIFO"
-    assert errors and "not a regular file" in str(errors[0])
-
-
 def test_one_bad_file_is_its_own_log_up_0_and_the_others_go_on(tmp_path: Path) -> None:
-    watcher, _ = _watcher_with_logs(tmp_path, 2)
+    watcher, _ = watcher_with_logs(tmp_path, 2)
     bad = watcher.servers()[0]
     # What config now refuses: ValueError.
     bad.launch = dataclasses.replace(bad.launch, log_sources=(LogSource("/var/log/x\0y", "/var/log/x\0y"),))
@@ -109,7 +49,7 @@ def test_one_bad_file_is_its_own_log_up_0_and_the_others_go_on(tmp_path: Path) -
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # the loop that dies
 @pytest.mark.parametrize("how", ["dies", "hangs"])
 def test_a_dead_or_stuck_follower_fails_the_logs_collector(tmp_path: Path, how: str) -> None:
-    watcher, _ = _watcher_with_logs(tmp_path, 1)
+    watcher, _ = watcher_with_logs(tmp_path, 1)
     manager = LogManager(watcher, 0.05, stale_after=0.5)
     root = StallwatchCollector({"logs": LogsCollector(manager, watcher)})
     stuck = threading.Event()
@@ -169,90 +109,6 @@ def test_a_file_shared_by_several_servers_is_replayed_once(tmp_path: Path) -> No
     assert [s.interpreter.snapshot().phase for s in watcher.servers()] == ["launching"] * 3
 
 
-def test_a_log_read_behind_its_end_grew_when_its_size_did(tmp_path: Path) -> None:
-    path = tmp_path / "server.log"
-    path.write_bytes(b"")
-    clock = Clock()
-    server = log_watcher({"s": [path]}).servers()[0]
-    follower = LogFile(server.name, server.launch.log_sources[0], server.interpreter, wall=clock, recover=False)
-    path.write_bytes(b"x" * 99 + b"\n" + b"y" * ((3 << 20) - 100))
-    assert follower.poll(deadline=0.0)  # one chunk a poll, past its deadline: more is left
-    grew = clock.now
-    clock.now += 10
-    assert follower.poll(deadline=0.0)
-    assert follower.stats().last_growth == grew and follower.stats().read_bytes == 2 << 20
-    with open(path, "ab") as f:
-        f.write(b"\n")
-    assert not follower.poll()
-    assert follower.stats().last_growth == clock.now and follower.stats().read_bytes == (3 << 20) + 1
-
-
-def test_rotation_by_rename_reads_the_old_file_to_its_end(tmp_path: Path) -> None:
-    log = tmp_path / "server.log"
-    append(log, LAUNCH)
-    m, watcher, _ = manager(log)
-    m.poll()
-    append(log, b"one\n")
-    with open(log, "ab") as writer:  # the server keeps writing to the renamed file for a moment
-        os.rename(log, tmp_path / "server.log.1")
-        writer.write(b"two\n")
-    append(log, LOAD)
-    m.poll()
-    s = stats(m)
-    assert s.up and s.lines == 3  # one, two, and the new file's line; the launch was before following
-    assert s.read_bytes == len(b"one\ntwo\n") + len(LOAD)
-    assert phase(watcher) == "loading_weights"
-
-
-def test_copytruncate_starts_over_and_counters_stay_monotonic(tmp_path: Path) -> None:
-    log = tmp_path / "server.log"
-    log.write_bytes(b"")
-    m, watcher, _ = manager(log)
-    m.poll()
-    append(log, LAUNCH + b"x" * 100 + b"\n")
-    m.poll()
-    before = stats(m)
-    with open(log, "r+b") as f:
-        f.truncate(0)
-    append(log, LOAD)
-    m.poll()
-    after = stats(m)
-    assert after.read_bytes == before.read_bytes + len(LOAD)
-    assert after.lines == before.lines + 1 and after.size == len(LOAD)
-    assert phase(watcher) == "loading_weights"
-
-
-def test_deleted_then_recreated(tmp_path: Path) -> None:
-    log = tmp_path / "server.log"
-    log.write_bytes(b"")
-    m, watcher, _ = manager(log)
-    m.poll()
-    append(log, LAUNCH)
-    m.poll()
-    log.unlink()
-    m.poll()
-    assert stats(m).up is False
-    log.write_bytes(LOAD)
-    m.poll()
-    s = stats(m)
-    assert s.up and s.read_bytes == len(LAUNCH) + len(LOAD) and s.lines == 2
-    assert phase(watcher) == "loading_weights"
-
-
-def test_file_that_appears_later_is_read_from_its_start(tmp_path: Path) -> None:
-    log = tmp_path / "later.log"
-    m, watcher, clock = manager(log)
-    m.poll()
-    s = stats(m)
-    assert not s.up and s.size is None and s.last_growth is None
-    log.write_bytes(LAUNCH + LOAD)
-    clock.now += 5
-    m.poll()
-    s = stats(m)
-    assert s.up and s.read_bytes == len(LAUNCH + LOAD) and s.last_growth == clock.now
-    assert phase(watcher) == "loading_weights"
-
-
 def test_glob_that_gains_files_feeds_one_phase(tmp_path: Path) -> None:
     (tmp_path / "tp0.log").write_bytes(b"")
     m, watcher, _ = manager(tmp_path / "*.log")
@@ -264,105 +120,6 @@ def test_glob_that_gains_files_feeds_one_phase(tmp_path: Path) -> None:
     m.poll()
     assert {s.path for s in m.stats()} == {str(tmp_path / "tp0.log"), str(tmp_path / "tp1.log")}
     assert phase(watcher) == "loading_weights"
-
-
-def test_repointed_symlink_follows_the_new_target(tmp_path: Path) -> None:
-    (tmp_path / "a.log").write_bytes(b"")
-    link = tmp_path / "current.log"
-    link.symlink_to(tmp_path / "a.log")
-    m, watcher, _ = manager(link)
-    m.poll()
-    append(tmp_path / "a.log", LAUNCH)
-    m.poll()
-    (tmp_path / "b.log").write_bytes(LOAD)
-    tmp_link = tmp_path / "tmp.link"
-    tmp_link.symlink_to(tmp_path / "b.log")
-    os.replace(tmp_link, link)
-    m.poll()
-    assert stats(m).read_bytes == len(LAUNCH) + len(LOAD)
-    assert phase(watcher) == "loading_weights"
-
-
-def test_binary_and_invalid_utf8(tmp_path: Path) -> None:
-    log = tmp_path / "server.log"
-    log.write_bytes(b"")
-    m, watcher, _ = manager(log)
-    m.poll()
-    append(log, b"\xff\xfe\x00\x01\x80 not utf-8 \xc3\x28\n" + LAUNCH + b"\x00" * 1000 + b"\n" + LOAD)
-    m.poll()
-    assert stats(m).lines == 4 and phase(watcher) == "loading_weights"
-
-
-def test_progress_bar_without_newline_is_activity(tmp_path: Path) -> None:
-    log = tmp_path / "server.log"
-    log.write_bytes(LAUNCH + LOAD)
-    m, watcher, clock = manager(log)
-    m.poll()
-    lines = stats(m).lines
-    clock.now += 60
-    append(log, b"\rLoading safetensors checkpoint shards:   5% Completed | 3/64 [00:15<05:00,  5.01s/it]")
-    append(log, b"\rLoading safetensors checkpoint shards:   6% Completed | 4/64 [00:20<05:00,  5.01s/it]")
-    m.poll()
-    s = stats(m)
-    assert s.lines == lines and s.last_growth == clock.now
-    snap = watcher.servers()[0].interpreter.snapshot()
-    assert (snap.shards_loaded, snap.shards_expected) == (3, 64)
-
-
-def test_100_mb_line_without_newline_keeps_memory_bounded(tmp_path: Path) -> None:
-    log = tmp_path / "server.log"
-    log.write_bytes(b"")
-    m, watcher, _ = manager(log)
-    m.poll()
-    block = b"x" * (4 << 20)
-    with open(log, "ab") as f:
-        for _ in range(25):
-            f.write(block)
-    tracemalloc.start()
-    m.poll()
-    m.poll()
-    peak = tracemalloc.get_traced_memory()[1]
-    tracemalloc.stop()
-    assert stats(m).read_bytes == 100 << 20
-    assert peak < 8 << 20, f"peak {peak / 2**20:.1f} MiB while reading a 100 MB line"
-    append(log, b"\n" + LAUNCH)
-    m.poll()
-    assert phase(watcher) == "launching" and stats(m).lines == 2
-
-
-def test_unreadable_path_is_down_and_logged_once(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    directory = tmp_path / "not-a-file.log"
-    directory.mkdir()
-    m, _, _ = manager(directory)
-    for _ in range(3):
-        m.poll()
-    assert stats(m).up is False
-    assert len([r for r in caplog.records if "not readable" in r.getMessage()]) == 1
-
-
-def test_restart_recovers_phase_from_the_last_launch_without_counting_events(tmp_path: Path) -> None:
-    log = tmp_path / "server.log"
-    log.write_bytes((t.sglang_graph_crash(tp=2) + t.sglang_healthy(tp=2)).encode())
-    mtime = 1_700_000_000
-    os.utime(log, (mtime, mtime))
-    m, watcher, _ = manager(log)
-    m.poll()
-    snap = watcher.servers()[0].interpreter.snapshot()
-    assert snap.phase == "serving" and (snap.shards_loaded, snap.shards_expected) == (64, 64)
-    assert sum(snap.events.values()) == 0  # old lines are not new events
-    assert snap.since <= mtime
-    s = stats(m)
-    assert s.last_growth == mtime and s.read_bytes == 0
-
-
-def test_restart_scans_back_a_bounded_window(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(logfollow, "RECOVERY_BYTES", 1 << 20)
-    log = tmp_path / "server.log"
-    # A fatal line far back, then 2 MB of serving output: only the last 1 MB is read again.
-    log.write_bytes((t.sglang_graph_crash(tp=2) + "".join(t.sglang_decode(12000))).encode())
-    m, watcher, _ = manager(log)
-    m.poll()
-    assert phase(watcher) == "serving"
 
 
 def test_follows_in_background_with_inotify(tmp_path: Path) -> None:
