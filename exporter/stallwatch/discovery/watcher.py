@@ -207,7 +207,7 @@ class Watcher:
 
     def start(self) -> None:
         self.refresh(notify=True)
-        self._next_refresh = time.monotonic() + self.config.discovery.interval
+        self._next_refresh = self._clock() + self.config.discovery.interval
         run_every(min(LIVENESS_SECONDS, self.config.discovery.interval), self._tick, "process discovery", self._stop,
                   delay_first=True)
 
@@ -217,7 +217,7 @@ class Watcher:
     def _tick(self) -> None:
         self.check_liveness()
         if self._clock() >= self._next_refresh:
-            self._next_refresh = time.monotonic() + self.config.discovery.interval
+            self._next_refresh = self._clock() + self.config.discovery.interval
             self.refresh()
 
 
