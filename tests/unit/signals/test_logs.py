@@ -71,6 +71,8 @@ def append(path: Path, data: bytes) -> None:
 
 
 def test_file_swapped_for_a_fifo_between_stat_and_open_does_not_block(tmp_path: Path) -> None:
+    """A log file replaced, between the follower's stat and its open, by a FIFO that nobody writes would block the
+    only log thread in `open` for good. The follower opens it non-blocking and refuses it as `not a regular file`."""
     watcher, (path,) = _watcher_with_logs(tmp_path, 1)
     server = watcher.servers()[0]
     follower = LogFile(server.name, server.launch.log_sources[0], server.interpreter)
@@ -97,6 +99,9 @@ def test_file_swapped_for_a_fifo_between_stat_and_open_does_not_block(tmp_path: 
 
 
 def test_one_bad_file_is_its_own_log_up_0_and_the_others_go_on(tmp_path: Path) -> None:
+    """A log source on which the follower raises something other than OSError (a NUL in its path: ValueError, which
+    the config now refuses) would end the pass for every server. Only that file is `log_up 0`, and the other server's
+    file is read."""
     watcher, _ = _watcher_with_logs(tmp_path, 2)
     bad = watcher.servers()[0]
     # What config now refuses: ValueError.
@@ -111,6 +116,9 @@ def test_one_bad_file_is_its_own_log_up_0_and_the_others_go_on(tmp_path: Path) -
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # the loop that dies
 @pytest.mark.parametrize("how", ["dies", "hangs"])
 def test_a_dead_or_stuck_follower_fails_the_logs_collector(tmp_path: Path, how: str) -> None:
+    """A log follower loop that dies (SystemExit, which its own guard does not catch) or hangs would leave frozen log
+    figures exported as fresh. The logs collector then fails, `stallwatch_collector_success{collector=logs} 0`, once
+    the loop has ended or has not finished a pass for `stale_after`."""
     watcher, _ = _watcher_with_logs(tmp_path, 1)
     manager = LogManager(watcher, 0.05, stale_after=0.5)
     root = StallwatchCollector({"logs": LogsCollector(manager, watcher)})
@@ -158,6 +166,10 @@ def test_a_file_of_notable_lines_does_not_hold_back_another_servers_log(tmp_path
 
 
 def test_a_file_shared_by_several_servers_is_replayed_once(tmp_path: Path) -> None:
+    """Several processes with one file as their stdout (a neighbour's 64 MiB of tracebacks, held by five sleepers)
+    made the follower replay up to 64 MiB of it for each of them (docs/research/audit-2026-12-01.md #7). The file's
+    (device, inode) is replayed once, for one server (the others start at its end, `stopped`), and what is appended
+    later reaches all three."""
     shared = tmp_path / "shared.log"
     shared.write_bytes(transcripts.sglang_healthy(tp=1).encode())
     watcher = log_watcher({f"s{i}": [shared] for i in range(3)})
@@ -172,6 +184,9 @@ def test_a_file_shared_by_several_servers_is_replayed_once(tmp_path: Path) -> No
 
 
 def test_a_log_read_behind_its_end_grew_when_its_size_did(tmp_path: Path) -> None:
+    """A follower held behind a log's end by its per-pass read budget (docs/research/audit-2026-12-01.md #7) must not
+    date the log's growth by when it reads the backlog, or a server that stopped writing would look alive for as long
+    as the backlog lasts. The log grew when the file's size did; the bytes read are counted as they are read."""
     path = tmp_path / "server.log"
     path.write_bytes(b"")
     clock = Clock()
