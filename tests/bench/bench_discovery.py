@@ -1,5 +1,5 @@
 """Scrape latency and threads of the exporter while one user runs many sleeping processes with an engine's argv
-(audit 2026-12-01 #3: 200 of them took `/metrics` from 1.4 ms to 20 s and threads from 16 to 416).
+(docs/research/audit-2026-12-01.md #3: 200 of them took `/metrics` from 1.4 ms to 20 s and threads from 16 to 416).
 
 On a node of its own (tests/support/cluster.py, root: its own PID namespace, so only these processes are seen),
 with the default caps (`discovery.max_servers` 64, `max_servers_per_user` 32) unless `--config` says otherwise.

@@ -1,5 +1,5 @@
 """The cost of an engine `/metrics` page bomb: 4 MiB of tiny series (about 95,000 samples of one family, as the
-audit's fake vLLM served it), fetched over loopback from a separate process.
+fake vLLM of docs/research/audit-2026-12-01.md #9 served it), fetched over loopback from a separate process.
 
 1. RSS of this process while four fetch loops (one per fake engine, as the exporter runs them) read the bomb at
    once, ten rounds each: before and its peak (`VmHWM`).

@@ -6,9 +6,12 @@ The exporter watches a simulated SGLang TP=8 server with 8 fake GPUs, on loopbac
      when the exporter cut them (header deadline 10 s);
   3. TLS scrapes beside 50 handshake-less connections and one half-sent ClientHello;
   4. RLIMIT_NOFILE lowered on the running exporter and exhausted: CPU while exhausted, recovery;
-  5. 150 connections, each a request then 1 MiB of a head that never ends: RSS growth (audit 2026-12-01, 5);
-  6. scrapes beside 8 connections that stream pipelined requests without pause (audit 2026-12-01, 4);
-  7. authenticated scrapes beside 48 connections guessing the password of a cost-12 hash (audit 2026-12-01, 6).
+  5. 150 connections, each a request then 1 MiB of a head that never ends: RSS growth
+     (docs/research/audit-2026-12-01.md #5);
+  6. scrapes beside 8 connections that stream pipelined requests without pause
+     (docs/research/audit-2026-12-01.md #4);
+  7. authenticated scrapes beside 48 connections guessing the password of a cost-12 hash
+     (docs/research/audit-2026-12-01.md #6).
 The attacking clients of 6 and 7 run in a child process, so that their threads do not slow the measuring client;
 the regression tests of 5-7 are tests/unit/web/test_server.py.
 
@@ -174,8 +177,8 @@ def _add(count: Synchronized, n: int) -> None:
 
 
 def pipelining_clients(port: int, connections: int, answered: Synchronized) -> None:
-    """The audit's `pipeline2.py`: each connection writes 256 pipelined requests at a time without pause while a
-    thread drains the answers (counted)."""
+    """The `pipeline2.py` of docs/research/audit-2026-12-01.md #4: each connection writes 256 pipelined requests at
+    a time without pause while a thread drains the answers (counted)."""
     def one() -> None:
         sock = socket.create_connection(("127.0.0.1", port))
 
@@ -193,7 +196,8 @@ def pipelining_clients(port: int, connections: int, answered: Synchronized) -> N
 
 
 def password_guessers(port: int, connections: int, answered: Synchronized) -> None:
-    """The audit's `bcryptflood.py`: each keep-alive connection loops on `/metrics` with a random password."""
+    """The `bcryptflood.py` of docs/research/audit-2026-12-01.md #6: each keep-alive connection loops on `/metrics`
+    with a random password."""
     def one() -> None:
         scraper = Scraper(port)
         while True:

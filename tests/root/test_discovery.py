@@ -24,8 +24,8 @@ POD_UID, CID = "0f3c2a4e-1b2c-4d5e-8f90-a1b2c3d4e5f6", "ab" * 32
 SECRET = "DB_PASSWORD=hunter2-SECRET"
 
 
-# Sleeps with an engine's argv, as the audit's `sleeper` does; the system's interpreter, which `nobody` can run
-# in a user namespace of its own too (not one under root's home).
+# Sleeps with an engine's argv, as the `sleeper` of docs/research/audit-2026-12-01.md does; the system's
+# interpreter, which `nobody` can run in a user namespace of its own too (not one under root's home).
 PYTHON = "/usr/bin/python3" if os.access("/usr/bin/python3", os.X_OK) else sys.executable
 
 
@@ -78,6 +78,11 @@ def _answers(address: str, port: int) -> bool:
 ], ids=["user-delegated", "node-mounts", "user-namespace"])
 def test_a_users_own_cgroup_does_not_pass_for_another_pod(exporter, tmp_path: Path, cgroup: str,
                                                          wrapper: list[str]) -> None:
+    """An unprivileged user puts its process in a cgroup named like another pod's container (in its systemd-delegated
+    subtree, or a pod's path with the node's mount namespace or one of its own user namespace), so that the exporter,
+    as root, would follow that pod's root-only CRI log, show its secret on the status page and take its name
+    (docs/research/audit-2026-12-01.md #1). The process is read as a plain host process: no pod identity, no log of
+    the pod, no secret on its page and no `/servers/prod%2Fbilling-db`."""
     require_root()
     rootfs = tmp_path / "root"
     _billing_db_pod(rootfs)
@@ -146,9 +151,10 @@ def test_a_user_namespace_address_is_never_dialled_from_the_node(exporter, tmp_p
 
 @pytest.mark.root
 def test_discovered_servers_are_capped_per_user_and_in_all(tmp_path: Path) -> None:
-    """8 sleeping processes of one user with an engine's argv (the audit's 200, scaled): 5 are watched (its cap),
-    the rest counted skipped and logged once; root's own servers beside them are still found until the cap in all.
-    On a node of its own (support.cluster): the exporter sees no other process of the machine."""
+    """8 sleeping processes of one user with an engine's argv (the 200 of docs/research/audit-2026-12-01.md #3,
+    scaled): 5 are watched (its cap), the rest counted skipped and logged once; root's own servers beside them are
+    still found until the cap in all. On a node of its own (support.cluster): the exporter sees no other process of
+    the machine."""
     require_nodes()
     node = Node(tmp_path, "capped")
     try:

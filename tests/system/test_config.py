@@ -75,6 +75,9 @@ def test_every_registered_collector_has_a_section_and_a_flag() -> None:
 
 @pytest.mark.process
 def test_check_config_exits_2_for_refused_values(tmp_path: Path) -> None:
+    """`stallwatch check-config` on a file with a lone surrogate in a server name, or on 100,000 `[` that would take
+    PyYAML's composer past Python's recursion limit, exits 2 with the key or `nested deeper` on stderr, not a
+    traceback."""
     result = check_config(tmp_path, 'servers:\n  - {engine: sglang, name: "x\\ud800"}\n')  # item 1
     assert result.returncode == 2 and "servers[0].name" in result.stderr, result.stderr
     result = check_config(tmp_path, "[" * 100_000)  # PyYAML's composer would recurse past the limit
@@ -83,6 +86,10 @@ def test_check_config_exits_2_for_refused_values(tmp_path: Path) -> None:
 
 @pytest.mark.process
 def test_big_and_non_regular_config_files_are_refused_without_reading(tmp_path: Path) -> None:
+    """A config path that names a file over 1 MiB, which PyYAML would chew on for minutes, or a FIFO that nobody
+    writes, on which a blocking open would hang the exporter at its start, exits 2 with `larger than` or `not a
+    regular file`. The reader opens the path non-blocking, checks that it is a regular file and reads at most 1 MiB
+    and one byte of it."""
     big = tmp_path / "big.yml"
     big.write_text("# " + "x" * (2 << 20) + "\n")
     result = check_config(tmp_path, None, "big.yml")

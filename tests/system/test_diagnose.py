@@ -179,6 +179,11 @@ def test_unknown_server_and_bad_config_exit_2(tmp_path: Path) -> None:
 
 
 def test_diagnose_prints_no_escape_sequence_from_argv_paths_or_lines(engine, tmp_path: Path) -> None:
+    """Another user's server writes an OSC 52 clipboard write and a CSI sequence that erases the verdict line and
+    forges `VERDICT: HEALTHY` into its log, and puts an OSC 0 window title in its stdout file's name, so that
+    `stallwatch diagnose` run by root would drive the operator's terminal (docs/research/audit-2026-12-01.md #12).
+    The text output holds no control character but newline and tab: the CSI codes are stripped, the OSC ones written
+    as `\\xNN` text, and the real verdict (STALLED) stays on its line."""
     lines = t.sglang_until_shards(tp=1) + f"[2026-11-20 09:15:00] {OSC_CLIPBOARD}{CSI_OVERWRITE}\n"
     sim = engine("sglang", lines, final="stall", tp=1, log_name=f"out{OSC_TITLE}.log")
     poll(lambda: sim.log.exists() and "VERDICT" in sim.log.read_text(), what="the hostile line")

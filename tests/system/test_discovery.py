@@ -128,6 +128,9 @@ def sleeper(started: list[subprocess.Popen[bytes]]) -> subprocess.Popen[bytes]:
 
 
 def test_non_utf8_host_model_and_stdout_name_never_fail_a_page(exporter, engine) -> None:
+    """A process whose `--host` in argv is a byte that is not UTF-8, and whose stdout file's name holds the byte
+    0xff, would fail the exposition's or a page's encoding. Its log is exported with the path written `\\xff`, and
+    `/` answers 200 while it runs and after it is gone."""
     e = exporter(config=FAST)
     sim = engine("sglang", sglang_until_shards(tp=1), tp=1, log_name="out-\udcff.log",  # the byte 0xff
                  args=("--host", "\udcfe", "--host", "127.0.0.1"))
@@ -140,6 +143,9 @@ def test_non_utf8_host_model_and_stdout_name_never_fail_a_page(exporter, engine)
 
 
 def test_bad_ports_in_argv_fall_back_and_later_servers_are_found(exporter, engine) -> None:
+    """Processes whose argv gives `--port` as `²` (which passes `str.isdigit()` and fails `int()`), 99999, 0 or -1
+    are watched under the engine's default port instead of raising in discovery, and a server started after them is
+    still found."""
     e = exporter(config=FAST)
     # `²` passes str.isdigit() and fails int(); each of these is watched under the engine's default port.
     bad = [engine("sglang", sglang_until_shards(tp=1), tp=1, args=("--port", port)) for port in ("\u00b2", "99999",
@@ -153,6 +159,9 @@ def test_bad_ports_in_argv_fall_back_and_later_servers_are_found(exporter, engin
 
 
 def test_derived_probe_never_connects_where_the_server_does_not_listen(exporter, engine) -> None:
+    """A process whose argv names a port where someone else's service listens (`--host 127.0.0.2 --port N`), while
+    its own tree holds no LISTEN socket there, would make the exporter probe that service for it. The derived probe
+    is counted `refused` without a packet sent, and the other service's listener never sees a connection."""
     with socket.socket() as ours:  # someone else's service on the port the engine's argv names
         ours.bind(("0.0.0.0", 0))
         ours.listen(16)
@@ -170,6 +179,9 @@ def test_derived_probe_never_connects_where_the_server_does_not_listen(exporter,
 
 
 def test_probe_url_never_takes_a_name_or_path_from_argv(exporter, engine) -> None:
+    """A process whose first `--host` is `127.0.0.1/admin/x?y=` would steer the derived probe to a path or a host
+    name of its choosing. Of the command line only the port and an IP address are used, so the server's one probe URL
+    is `http://127.0.0.1:PORT/health`."""
     e = exporter(config=FAST)
     # The exporter reads the first --host, the simulator binds the last one.
     sim = engine("llamacpp", llamacpp_healthy(), final="serve", tp=1,
@@ -181,6 +193,9 @@ def test_probe_url_never_takes_a_name_or_path_from_argv(exporter, engine) -> Non
 
 
 def test_gone_servers_are_dropped_with_their_threads_and_series(exporter, engine) -> None:
+    """30 discovered servers that exit would keep their loops and series for good, so processes that come and go
+    would grow the exporter without end. After `discovery.forget_after` every series of theirs is gone, and the
+    exporter's threads stay within the pools' bound throughout: they never grow with the number of servers."""
     e = exporter(config=FAST)
     poll(lambda: _started(e), what="the exporter to start its loops")
     # Probes and page fetches run on pools (loops.POOL_WORKERS threads each, and a deadline timer per request in
@@ -198,6 +213,9 @@ def test_gone_servers_are_dropped_with_their_threads_and_series(exporter, engine
 
 
 def test_roles_are_capped_and_their_cpu_never_goes_down(exporter, tmp_path: Path) -> None:
+    """A server whose 150 children each take a process title of their own (setproctitle) and exit would add a CPU
+    series per title. The roles stop at 64 plus `other`, and the CPU of the children that exited stays counted, so no
+    `stallwatch_process_cpu_seconds_total` counter ever goes down."""
     e = exporter(config=FAST)
     script, release, done = tmp_path / "titles.py", tmp_path / "release", tmp_path / "done"
     script.write_text(MANY_TITLES)
@@ -232,6 +250,10 @@ def test_roles_are_capped_and_their_cpu_never_goes_down(exporter, tmp_path: Path
 
 
 def test_swapped_stdout_never_exports_a_root_only_file(exporter, shared_dir: Path) -> None:
+    """A process of `nobody` swaps its stdout file for a symlink to a root-only file and makes its stdout an `O_PATH`
+    descriptor of it, so that the exporter, as root, would read the file for it. The exporter opens a `/proc/PID/fd`
+    link only while the process holds it open for writing, so the log goes down (`log_up 0`) and nothing of the file
+    is counted, moves a gauge or names its path."""
     require("setpriv")
     secret = shared_dir / "secret"
     secret.write_text(sglang_until_shards(tp=1))  # lines that would move the phase and shard gauges
@@ -304,6 +326,10 @@ def test_a_gone_servers_name_is_not_taken_by_another_users_process(exporter, eng
 
 
 def test_a_main_process_that_execs_is_read_anew(exporter, engine, tmp_path: Path) -> None:
+    """A main process found with a vLLM argv on one port that then execs (same pid and start time) into the real
+    server on another port was watched on the old port for good and paged as never listening
+    (docs/research/audit-2026-12-01.md #10). Its argv is read anew: the new port listens, its probe passes, it is
+    serving, and the old port has no series."""
     e = exporter(config=FAST_REMEMBERING)
     first, go = free_port(), tmp_path / "exec"
     sim = engine("vllm", t.vllm_healthy(tp=1), final="serve", tp=1, work={"running": 0, "waiting": 0},

@@ -86,6 +86,9 @@ def _check_page(dom: str) -> None:
 
 
 def test_the_status_page_says_why_the_engines_page_failed(exporter, engine) -> None:
+    """An engine whose `/metrics` never answered made the exporter log a timeout while the status page showed no
+    error at all (docs/research/audit-2026-12-01.md #17). The page says `/metrics: timeout` beside `engine figures:
+    none`."""
     sim = engine("llamacpp", transcripts.llamacpp_healthy(), final="serve", tp=1, args=("--metrics",),
                  work={"running": 1, "metrics": "hang"})
     e = exporter(config="discovery: {enabled: true, interval: 1s}\nengine_metrics: {interval: 0.3s, timeout: 1s}\n")

@@ -24,6 +24,8 @@ LOAD = b"[2026-11-20 09:14:13] Load weight begin. avail mem=78.54 GB\n"
 
 
 def test_file_swapped_for_a_fifo_between_stat_and_open_does_not_block(tmp_path: Path) -> None:
+    """A log file replaced, between the follower's stat and its open, by a FIFO that nobody writes would block the
+    only log thread in `open` for good. The follower opens it non-blocking and refuses it as `not a regular file`."""
     watcher, (path,) = watcher_with_logs(tmp_path, 1)
     server = watcher.servers()[0]
     follower = LogFile(server.name, server.launch.log_sources[0], server.interpreter)
@@ -50,6 +52,9 @@ def test_file_swapped_for_a_fifo_between_stat_and_open_does_not_block(tmp_path: 
 
 
 def test_a_log_read_behind_its_end_grew_when_its_size_did(tmp_path: Path) -> None:
+    """A follower held behind a log's end by its per-pass read budget (docs/research/audit-2026-12-01.md #7) must not
+    date the log's growth by when it reads the backlog, or a server that stopped writing would look alive for as long
+    as the backlog lasts. The log grew when the file's size did; the bytes read are counted as they are read."""
     path = tmp_path / "server.log"
     path.write_bytes(b"")
     clock = Clock()

@@ -93,6 +93,10 @@ def random_cri(rng: random.Random, records: int) -> bytes:
 
 
 def test_docker_records_of_other_streams_are_errors_and_keep_nothing() -> None:
+    """A forged Docker json-file log whose records name made-up `stream` values made the decoder keep a pending
+    buffer for each, 126 MiB for 2,000 of them (docs/research/audit-2026-12-01.md #15). Only `stdout` and `stderr`
+    are decoded; a record of any other stream, or of a stream that is not a string, counts as an error and keeps
+    nothing."""
     decoder = DockerJsonDecoder()
     forged = b"".join(json.dumps({"log": "x" * 1000, "stream": f"s{i}", "time": "t"}).encode() + b"\n"
                       for i in range(200))

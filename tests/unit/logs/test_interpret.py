@@ -113,6 +113,10 @@ def test_line_bounds_look_at_each_byte_a_bounded_number_of_times(end: bytes) -> 
 
 
 def test_a_block_of_nothing_but_notable_lines_is_cut_at_the_cap(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A log of nothing but `Traceback` lines made the interpreter run the rules in Python for every line of a block,
+    so one hostile file stalled the only log thread for minutes (docs/research/audit-2026-12-01.md #7). At most
+    MAX_CANDIDATE_LINES lines of a block are interpreted (100 here: 100 fatal events of 1,000 lines), and the next
+    block is read as usual."""
     monkeypatch.setattr(interpret, "MAX_CANDIDATE_LINES", 100)
     interpreter = LogInterpreter(ENGINES["sglang"])
     interpreter.feed(TRACEBACK * 1000)
@@ -122,6 +126,9 @@ def test_a_block_of_nothing_but_notable_lines_is_cut_at_the_cap(monkeypatch: pyt
 
 
 def test_heartbeat_blocks_are_judged_without_a_python_loop_over_lines() -> None:
+    """A log of TGI heartbeat lines made the interpreter loop over `splitlines()` in Python to tell progress from
+    heartbeats, at 0.2 MB/s (docs/research/audit-2026-12-01.md #7). A block of heartbeats is judged with no
+    `splitlines` call and is not progress, and a block with one other line is."""
     now = [1000.0]
     interpreter = LogInterpreter(ENGINES["tgi"], wall=lambda: now[0])
     beats = transcripts.tgi_shard_stuck(1200).split("rank=1\n", 2)[2].encode()

@@ -25,10 +25,13 @@ def _tree(pid: int) -> list[ProcessInfo]:
 
 
 def test_a_page_never_waits_for_another_servers_stacks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A hostile Python tree (300 threads of 900 frames) made its py-spy round take 12 s under one lock for all
+    servers, so an ordinary server's page waited 11.6 s for it (docs/research/audit-2026-12-01.md #8). While one
+    server's stack round is stuck, another server's page takes its own stacks at once."""
     entered, release = threading.Event(), threading.Event()
 
     def fake_stacks(processes: list[ProcessInfo]) -> list[StackGroup]:
-        if processes[0].pid == 1:  # the hostile server's py-spy round, 12 s in the audit
+        if processes[0].pid == 1:  # the hostile server's py-spy round, 12 s in docs/research/audit-2026-12-01.md #8
             entered.set()
             release.wait(30)
         return [StackGroup(["main"], [processes[0].pid], [], "")]
@@ -76,6 +79,9 @@ def test_a_page_waits_a_bounded_time_for_its_own_servers_slow_round(monkeypatch:
 
 
 def test_stacks_of_a_forgotten_server_are_dropped(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stacks kept for each server's page were never pruned, not even for forgotten servers, so servers that any
+    user starts and stops grew the exporter's memory (docs/research/audit-2026-12-01.md #8). The stacks of a server
+    that is no longer watched are dropped at the next page view of another one."""
     monkeypatch.setattr(live, "stacks", lambda processes: [StackGroup(["main"], [processes[0].pid], [], "")])
     watched = servers("gone", "kept")
     pages = _pages(watched)

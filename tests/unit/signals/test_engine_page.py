@@ -111,6 +111,10 @@ def test_a_page_bomb_of_tiny_series_is_a_failed_fetch_and_costs_little() -> None
 
 
 def test_page_sums_are_those_of_the_prometheus_parser() -> None:
+    """The line-by-line summing that replaced prometheus_client's parser, which cost about 45 MiB per fetch of a 4
+    MiB page bomb (docs/research/audit-2026-12-01.md #9), must not read an engine's page otherwise. On escaped help
+    text and labels, timestamps, NaN, another family with the same prefix and a trailing comma its sums equal the
+    parser's, and a malformed sample line is refused."""
     spec = ENGINES["sglang"].metrics
     assert spec is not None
     names = (spec.running, spec.waiting, spec.tokens)

@@ -35,6 +35,9 @@ LOAD = b"[2026-11-20 09:14:13] Load weight begin. avail mem=78.54 GB\n"
 
 
 def test_one_bad_file_is_its_own_log_up_0_and_the_others_go_on(tmp_path: Path) -> None:
+    """A log source on which the follower raises something other than OSError (a NUL in its path: ValueError, which
+    the config now refuses) would end the pass for every server. Only that file is `log_up 0`, and the other server's
+    file is read."""
     watcher, _ = watcher_with_logs(tmp_path, 2)
     bad = watcher.servers()[0]
     # What config now refuses: ValueError.
@@ -49,6 +52,9 @@ def test_one_bad_file_is_its_own_log_up_0_and_the_others_go_on(tmp_path: Path) -
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # the loop that dies
 @pytest.mark.parametrize("how", ["dies", "hangs"])
 def test_a_dead_or_stuck_follower_fails_the_logs_collector(tmp_path: Path, how: str) -> None:
+    """A log follower loop that dies (SystemExit, which its own guard does not catch) or hangs would leave frozen log
+    figures exported as fresh. The logs collector then fails, `stallwatch_collector_success{collector=logs} 0`, once
+    the loop has ended or has not finished a pass for `stale_after`."""
     watcher, _ = watcher_with_logs(tmp_path, 1)
     manager = LogManager(watcher, 0.05, stale_after=0.5)
     root = StallwatchCollector({"logs": LogsCollector(manager, watcher)})
@@ -96,6 +102,10 @@ def test_a_file_of_notable_lines_does_not_hold_back_another_servers_log(tmp_path
 
 
 def test_a_file_shared_by_several_servers_is_replayed_once(tmp_path: Path) -> None:
+    """Several processes with one file as their stdout (a neighbour's 64 MiB of tracebacks, held by five sleepers)
+    made the follower replay up to 64 MiB of it for each of them (docs/research/audit-2026-12-01.md #7). The file's
+    (device, inode) is replayed once, for one server (the others start at its end, `stopped`), and what is appended
+    later reaches all three."""
     shared = tmp_path / "shared.log"
     shared.write_bytes(transcripts.sglang_healthy(tp=1).encode())
     watcher = log_watcher({f"s{i}": [shared] for i in range(3)})

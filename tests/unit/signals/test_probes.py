@@ -10,6 +10,9 @@ from stallwatch.signals.probes import probe
 
 
 def test_a_target_that_trickles_headers_times_out_at_the_deadline() -> None:
+    """A probe target that sends one header byte every 0.1 s, each read well within the socket timeout, would hold
+    the probe for as long as it likes. The probe is cut at its one deadline for the whole request (1 s) and counted
+    `timeout`."""
     with socket.socket() as listener:
         listener.bind(("127.0.0.1", 0))
         listener.listen(1)
@@ -37,4 +40,6 @@ def test_a_target_that_trickles_headers_times_out_at_the_deadline() -> None:
 
 
 def test_a_probe_url_with_a_bad_port_fails_without_raising() -> None:
+    """A probe URL with the port 99999, on which `http.client` raises ValueError, would end the probe's loop. The
+    probe returns a failure with the reason `error` instead of raising."""
     assert probe("http://127.0.0.1:99999/health", timeout=1.0).reason == "error"

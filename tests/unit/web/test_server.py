@@ -181,8 +181,8 @@ def _plain_server(**limits: float) -> HttpServer:
 
 
 def test_a_client_that_always_has_another_request_queued_does_not_keep_the_only_worker() -> None:
-    """The audit's `pipeline2.py` against one worker: without turns, the worker serves that connection until the
-    client stops, and nobody else is answered."""
+    """The `pipeline2.py` of docs/research/audit-2026-12-01.md #4 against one worker: without turns, the worker
+    serves that connection until the client stops, and nobody else is answered."""
     stop, answered = threading.Event(), []
 
     # A blocking socket: a slow turn must not end the flood early; the shutdown at the end unblocks both threads.
@@ -208,8 +208,9 @@ def test_a_client_that_always_has_another_request_queued_does_not_keep_the_only_
 
 
 def test_a_request_then_an_endless_head_is_refused_at_once_on_every_connection() -> None:
-    """The audit's `bigbuf.py`: after the first request is answered, the rest is over the head limit without an end,
-    so the server must refuse it then, not hold it (1 MiB each) until the header deadline (60 s here)."""
+    """The `bigbuf.py` of docs/research/audit-2026-12-01.md #5: after the first request is answered, the rest is
+    over the head limit without an end, so the server must refuse it then, not hold it (1 MiB each) until the header
+    deadline (60 s here)."""
     payload = b"GET /-/healthy HTTP/1.1\r\nHost: x\r\n\r\nGET /metrics HTTP/1.1\r\nX-Pad: " + b"a" * (1 << 20)
     with serving(header_timeout=60.0) as port:
         socks = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(20)]
@@ -248,6 +249,9 @@ def test_password_guesses_never_take_the_workers_a_cached_scrape_needs(spied_bcr
 
 
 def test_wrong_passwords_never_push_a_cached_success_out(spied_bcrypt: SimpleNamespace) -> None:
+    """Wrong passwords could evict the scraper's cached success: 100 distinct failures pushed it out of the one
+    cache, and its next scrape waited for bcrypt behind the guesses (docs/research/audit-2026-12-01.md #6). After 150
+    failures the right password is still answered from the cache, without a bcrypt call."""
     spied_bcrypt.release.set()  # a real bcrypt (cost 4): only the calls are counted
     auth = BasicAuth({"alice": HASH})
     assert auth.check(basic(b"alice", b"secret"))
@@ -258,6 +262,9 @@ def test_wrong_passwords_never_push_a_cached_success_out(spied_bcrypt: SimpleNam
 
 
 def test_an_unknown_user_costs_a_bcrypt_of_the_highest_configured_cost(spied_bcrypt: SimpleNamespace) -> None:
+    """With a fixed cost-10 decoy hash, a client could tell configured users from unknown ones by how long a wrong
+    password takes (docs/research/audit-2026-12-01.md #14). An unknown user's check runs bcrypt once, on a decoy of
+    the highest configured cost (5 here)."""
     spied_bcrypt.release.set()
     auth = BasicAuth({"alice": bcrypt.hashpw(b"a", bcrypt.gensalt(4)), "bob": bcrypt.hashpw(b"b", bcrypt.gensalt(5))})
     assert auth.check(basic(b"mallory", b"secret")) is False
@@ -266,6 +273,10 @@ def test_an_unknown_user_costs_a_bcrypt_of_the_highest_configured_cost(spied_bcr
 
 @pytest.mark.parametrize("target", ["//[", "http://[", "http://a]b/"])
 def test_a_target_that_does_not_parse_is_a_400_and_logs_nothing(target: str, caplog: pytest.LogCaptureFixture) -> None:
+    """A request target such as `//[` or `http://[` made URL parsing raise: a 500 and a traceback in the log for
+    every request, about 1.4 MB of log a second from one unauthenticated client
+    (docs/research/audit-2026-12-01.md #13). It is answered 400 `malformed request target`, and nothing is logged at
+    warning or above."""
     with serving() as port:
         answer = exchange(port, get(target))
     assert status(answer) == 400 and b"malformed request target" in answer, answer
@@ -273,6 +284,9 @@ def test_a_target_that_does_not_parse_is_a_400_and_logs_nothing(target: str, cap
 
 
 def test_an_accept_version_prometheus_client_cannot_compare_gets_the_text_format() -> None:
+    """`Accept: application/openmetrics-text; version=abc` made prometheus_client's `choose_encoder` raise TypeError:
+    a 500 with a traceback in the log (docs/research/audit-2026-12-01.md #13). `/metrics` answers 200 in the text
+    format instead."""
     with serving() as port:
         answer = exchange(port, get("/metrics", "Accept: application/openmetrics-text; version=abc"))
     assert status(answer) == 200 and b"Content-Type: text/plain; version=0.0.4" in answer, answer[:300]
@@ -281,18 +295,27 @@ def test_an_accept_version_prometheus_client_cannot_compare_gets_the_text_format
 @pytest.mark.parametrize("field", ["Accept: application/openmetrics-text; version=1.1.\rSet-Cookie: pwn=1",
                                    "X-A: a\0b", "X-A: a\x1bb"])
 def test_a_control_character_in_a_field_is_a_400_and_never_echoed(field: str) -> None:
+    """A bare CR in `Accept` was kept in the value and echoed into the response's `Content-Type`, where it carried a
+    `Set-Cookie` header of the client's making (docs/research/audit-2026-12-01.md #13). A head with a CR, a NUL or an
+    ESC inside a field is answered 400, and no `Set-Cookie` comes back."""
     with serving() as port:
         answer = exchange(port, get("/metrics", field))
     assert status(answer) == 400 and b"Set-Cookie" not in answer, answer[:300]
 
 
 def test_a_user_name_that_is_not_utf8_is_refused_not_a_500() -> None:
+    """A client sends basic-auth credentials whose user name is not UTF-8 (the byte 0xef), which a strict decode
+    would turn into an exception and a 500. The name is decoded with surrogate escapes, matches no configured user
+    and is refused 401."""
     not_utf8 = basic(b"al\xefce", b"secret")
     with serving(web_config=WebConfig(users={"alice": HASH})) as port:
         assert status(exchange(port, get("/", f"Authorization: {not_utf8}"))) == 401
 
 
 def test_a_handler_error_is_logged_once_per_kind(caplog: pytest.LogCaptureFixture) -> None:
+    """A client that repeats a request on which a handler fails filled the log with a traceback per request
+    (docs/research/audit-2026-12-01.md #13). Each of five such requests is answered 500, and the error is logged with
+    its traceback once."""
     def handler(request: object) -> Response:
         raise RuntimeError("broken")
 

@@ -66,7 +66,8 @@ POD = Workload("kubernetes", "llm", "kimi-0", "sglang", CID, pod_log=f"/var/log/
     (f"5:memory:/docker/{CID}\n0::/system.slice/containerd.service\n", "docker"),
     ("0::/system.slice/kimi.service\n", Workload("systemd", unit="kimi.service")),
     ("0::/user.slice/user-1000.slice/session-3.scope\n", Workload()),
-    # A user's delegated subtree named like a pod's container (audit 2026-12-01 #1): no runtime puts one there.
+    # A user's delegated subtree named like a pod's container (docs/research/audit-2026-12-01.md #1): no runtime
+    # puts one there.
     (f"0::/user.slice/user-1001.slice/user@1001.service/app.slice/kubepods-pod{U_}.slice/cri-containerd-{CID}.scope\n",
      Workload()),
     (f"0::/user.slice/user-1001.slice/user@1001.service/app.slice/docker-{CID}.scope\n", Workload()),
