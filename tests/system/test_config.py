@@ -78,7 +78,7 @@ def test_check_config_exits_2_for_refused_values(tmp_path: Path) -> None:
     """`stallwatch check-config` on a file with a lone surrogate in a server name, or on 100,000 `[` that would take
     PyYAML's composer past Python's recursion limit, exits 2 with the key or `nested deeper` on stderr, not a
     traceback."""
-    result = check_config(tmp_path, 'servers:\n  - {engine: sglang, name: "x\\ud800"}\n')  # item 1
+    result = check_config(tmp_path, 'servers:\n  - {engine: sglang, name: "x\\ud800"}\n')  # a lone surrogate
     assert result.returncode == 2 and "servers[0].name" in result.stderr, result.stderr
     result = check_config(tmp_path, "[" * 100_000)  # PyYAML's composer would recurse past the limit
     assert result.returncode == 2 and "nested deeper" in result.stderr, result.stderr

@@ -103,7 +103,7 @@ def test_probe_without_url_and_defaults_probe_with_url_are_refused() -> None:
 @pytest.mark.parametrize(
     ("text", "key", "reason"),
     [
-        ('servers:\n  - {engine: sglang, name: "x\\ud800"}\n', "servers[0].name", "valid Unicode"),  # item 1
+        ('servers:\n  - {engine: sglang, name: "x\\ud800"}\n', "servers[0].name", "valid Unicode"),  # a lone surrogate
         ("discovery: {interval: .inf}\n", "discovery.interval", "duration from 0"),
         ("discovery: {interval: .nan}\n", "discovery.interval", "duration from 0"),
         ("discovery: {interval: -5}\n", "discovery.interval", "duration from 0"),
