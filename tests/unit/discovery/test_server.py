@@ -1,0 +1,93 @@
+"""A server's `look()`: one frozen value of what a scrape or a report reads, and the one place where what readers
+move moves (the CPU ledger and the most rank processes a launch has had)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+import psutil
+import pytest
+
+from stallwatch.config import Config, Paths, ServerSpec
+from stallwatch.discovery.processes import ProcSample
+from stallwatch.discovery.server import Look, Server
+from stallwatch.discovery.workload import Workload
+from support.looks import proc
+from support.watchers import candidate
+
+SGLANG = ("python3", "-m", "sglang.launch_server", "--model-path", "m", "--port", "30000")
+
+
+def _server(tmp_path: Path) -> Server:
+    config = Config(paths=Paths(procfs=str(tmp_path)))  # no /proc/PID files: no environ, no sockets read
+    return Server("sglang-30000", ServerSpec(engine="sglang"), config)
+
+
+def _attached(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, trees: list[list[ProcSample]]) -> Server:
+    """A server attached to this test's own process (alive, and no process started), whose successive tree reads
+    give `trees` (the last one from then on)."""
+    server = _server(tmp_path)
+    assert server.attach(candidate(os.getpid(), SGLANG), Workload())
+    reads = iter(trees)
+    last: list[list[ProcSample]] = [trees[-1]]
+
+    def read_tree(launch: object) -> list[ProcSample]:
+        last[0] = next(reads, last[0])
+        return server.launch.ledger.cap(last[0])
+
+    monkeypatch.setattr(server, "_read_tree", read_tree)
+    monkeypatch.setattr("stallwatch.discovery.server.TREE_CACHE_SECONDS", 0.0)  # each look reads the tree anew
+    return server
+
+
+def _ranks(count: int, cpu: float = 1.0) -> list[ProcSample]:
+    return [proc(os.getpid(), psutil.Process().create_time(), cpu=cpu),
+            *(proc(1000 + rank, 5.0, f"scheduler_TP{rank}", cpu=cpu) for rank in range(count))]
+
+
+def test_a_server_without_its_process_is_seen_down_with_nothing_counted(tmp_path: Path) -> None:
+    """Before its process is found: down, no tree, no CPU, no ranks, and the log's reading of a fresh interpreter."""
+    look = _server(tmp_path).look()
+    assert (look.running, look.tree, look.cpu, look.ranks) == (False, (), {}, None)
+    assert look.log.phase == "stopped" and look.launch.pid is None
+
+
+def test_a_look_is_a_frozen_value(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A reader holds what it saw: a look cannot be changed, and a later look does not change an earlier one."""
+    server = _attached(tmp_path, monkeypatch, [_ranks(2), _ranks(1)])
+    first = server.look()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        first.running = False  # type: ignore[misc]
+    second = server.look()
+    assert isinstance(first, Look) and len(first.tree) == 3 and len(second.tree) == 2
+
+
+def test_ranks_keep_the_most_the_launch_had(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A node that lost one of its 8 scheduler ranks: the look says 7 live of the 8 the launch had, and a new launch
+    counts from nothing again."""
+    server = _attached(tmp_path, monkeypatch, [_ranks(8), _ranks(7), _ranks(7)])
+    assert server.look().ranks == (8, 8)
+    assert server.look().ranks == (7, 8)
+    assert server.look().ranks == (7, 8)
+
+
+def test_cpu_by_role_never_goes_down_as_processes_exit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CPU of a rank that exits stays counted under its role: the per-role totals of successive looks only
+    grow, and a look that finds the same tree counts nothing twice."""
+    server = _attached(tmp_path, monkeypatch, [_ranks(2, cpu=3.0), _ranks(2, cpu=3.0), _ranks(1, cpu=4.5)])
+    first, second, third = server.look(), server.look(), server.look()
+    assert first.cpu == second.cpu
+    assert sum(first.cpu["scheduler_TP1"]) == pytest.approx(3.0)
+    assert sum(third.cpu["scheduler_TP1"]) == pytest.approx(3.0)  # gone, and kept
+    assert sum(third.cpu["scheduler_TP0"]) == pytest.approx(4.5)
+    assert all(third.cpu[role][i] >= first.cpu[role][i] for role in first.cpu for i in (0, 1))
+
+
+def test_the_log_in_a_look_is_the_interpreters_snapshot(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the log said is taken with the rest, at the same moment."""
+    server = _attached(tmp_path, monkeypatch, [_ranks(1)])
+    server.interpreter.feed(b"[2026-11-20 09:14:13] Load weight begin. avail mem=78.54 GB\n")
+    assert server.look().log == server.interpreter.snapshot()
+    assert server.look().log.phase == "loading_weights"
