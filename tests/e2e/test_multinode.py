@@ -135,7 +135,9 @@ def test_healthy_idle_deployments_stay_silent_and_a_lost_worker_rank_pages_once(
             (SG_KEY, "head", "0"), (SG_KEY, "worker", "1"), (DP_KEY, "head", "0"), (DP_KEY, "worker", "1")}
         poll(lambda: len(cluster.query('stallwatch_startup_phase{phase="serving"} == 1')) == 4, timeout=30,
              what="every member serving")
-        assert cluster.query("stallwatch:deployment_missing_nodes:count != 0") == []
+        # The recording rule is evaluated a moment after the members' series it counts.
+        poll(lambda: cluster.query("stallwatch:deployment_missing_nodes:count != 0") == [], timeout=30,
+             what="no deployment missing a node")
 
         # Idle for the scaled idle window, log_stale and the longest `for` of the worker-exempt alerts, twice over.
         quiet_until = time.monotonic() + 2 * (rule_seconds("5m") + NODE_LOG_STALE + rule_seconds("5m")) + PIPELINE
