@@ -37,17 +37,24 @@ class Rule:
     stop: bool = False
     # False: one request's error prints this line too (a traceback), so it means something only before serving.
     serving: bool = True
+    # The first line of a Python traceback: judged by the exception that ends it (`logs.tracebacks`), a stop or a
+    # failure (its `event`).
+    traceback: bool = False
+    # A failure the engine reports after its stop line, which it prints on every exit (llama.cpp's `exiting due to
+    # model loading error` after `cleaning up before exit...`): a failure still.
+    after_stop: bool = False
 
 
 def rule(regex: str, phase: str | None = None, event: str | None = None, *, launch: bool = False,
-         stop: bool = False, serving: bool = True) -> Rule:
+         stop: bool = False, serving: bool = True, traceback: bool = False, after_stop: bool = False) -> Rule:
     if phase is not None and phase not in PHASES:
         raise ValueError(f"unknown phase {phase!r}")
     if event is not None and event not in EVENTS:
         raise ValueError(f"unknown event {event!r}")
     if launch and phase != "launching":
         raise ValueError("a launch banner is a launching line")
-    return Rule(re.compile(regex.encode(), re.MULTILINE), phase, event, launch, stop, serving)
+    return Rule(re.compile(regex.encode(), re.MULTILINE), phase, event, launch, stop, serving, traceback,
+                after_stop)
 
 
 # Lines printed by PyTorch, NCCL and Python itself, whatever engine runs on top of them.
@@ -56,12 +63,28 @@ COMMON_RULES: tuple[Rule, ...] = (
     rule(r"Heartbeat monitor timed out", event="nccl_timeout"),
     rule(r"ProcessGroupNCCL's watchdog got stuck|This typically indicates a NCCL/CUDA API", event="nccl_timeout"),
     rule(r"Exception \(either an error or timeout\) detected by watchdog", event="nccl_timeout"),
-    rule(r"CUDA out of memory|OutOfMemoryError", event="oom"),
-    # A traceback is fatal before serving; once serving, one request's error prints one too (the API server keeps
-    # serving: vLLM's `serving_chat.py`, SGLang's `serving_base.py` `Error in request:`), and an engine that dies
-    # says so in its own words (each engine's rules).
-    rule(r"Traceback \(most recent call last\)", event="fatal", serving=False),
+    # Out of memory in each allocator's words: PyTorch's caching allocator (`c10/cuda/CUDACachingAllocator.cpp`:
+    # `CUDA out of memory. Tried to allocate`, hipified `HIP out of memory`; `torch.OutOfMemoryError`), the CUDA
+    # and HIP runtimes' error string for `cudaErrorMemoryAllocation` (`CUDA error: out of memory`, as
+    # `torch.AcceleratorError` or ggml's `ggml_cuda_error` print it, `ROCm error: out of memory` in ggml's HIP
+    # build), vLLM's cumem allocator (`csrc/cumem_allocator.cpp`: `CUDA Error: out of memory at <file>:<line>`, a
+    # failed `/wake_up`), and cuBLAS's `CUBLAS_STATUS_ALLOC_FAILED`.
+    rule(r"(?:CUDA|HIP|ROCm) (?:[Ee]rror: )?out of memory|OutOfMemoryError|cudaErrorMemoryAllocation|"
+         r"hipErrorOutOfMemory|CUBLAS_STATUS_ALLOC_FAILED", event="oom"),
+    # A traceback is fatal before serving unless it ends in a stop (Ctrl-C's KeyboardInterrupt: `logs.tracebacks`);
+    # once serving, one request's error prints one too (the API server keeps serving: vLLM's `serving_chat.py`,
+    # SGLang's `serving_base.py` `Error in request:`), and an engine that dies says so in its own words (each
+    # engine's rules).
+    rule(r"Traceback \(most recent call last\)", event="fatal", serving=False, traceback=True),
     rule(r"terminate called after throwing an instance", event="fatal"),
+    # Open MPI (mpirun, as TensorRT-LLM and multi-node llama.cpp run): a rank's signal handler
+    # (`opal/util/stacktrace.c`) and the launcher's summary when a rank exits non-zero (`orte/.../help-errmgr-base`).
+    rule(r"\*\*\* Process received signal \*\*\*|(?:Primary|Child) job +\d* *terminated normally, but \d+ "
+         r"process(?:es)? returned", event="fatal"),
+    # A stop asked of the process from outside: abseil's failure signal handler (Ray's workers, `logging.cc`:
+    # `*** SIGTERM received at time=... ***`) and hf-xet's SIGINT handler during a model download from the Hub
+    # (huggingface/xet-core `xet_threadpool`: `Cancellation requested; stopping current tasks.`).
+    rule(r"\*\*\* SIGTERM received at time=|Cancellation requested; stopping current tasks\.", stop=True),
 )
 
 # `Loading safetensors checkpoint shards:  50% Completed | 4/8 [...]`: SGLang and vLLM share the tqdm format

@@ -15,12 +15,30 @@ ENGINE = Engine(
     metrics=MetricsSpec(running="llamacpp:requests_processing", waiting="llamacpp:requests_deferred",
                         tokens="llamacpp:tokens_predicted_total", needs_flag=("--metrics",)),
     rules=(
-        rule(r"^build: \d+", phase="launching", launch=True),
+        # The banner: `build: 4785 (aa6192d3) with ...`, `build_info: b8680-15f786e65` since b8600
+        # (`common/common.cpp`), and ggml's CUDA or ROCm backend's first line, printed before it
+        # (`ggml/src/ggml-cuda/ggml-cuda.cu` `ggml_cuda_init`: `found N CUDA devices`), the one banner of a build
+        # that prints no build line at its default verbosity.
+        rule(r"^build(?:_info)?: b?\d+|ggml_cuda_init: found \d+ (?:CUDA|ROCm|MUSA) devices", phase="launching",
+             launch=True),
         rule(r"main: loading model|load_model: loading model|llama_model_loader: ", phase="loading_weights"),
         rule(r"llama_kv_cache|llama_context: ", phase="allocating_memory"),
-        rule(r"main: model loaded|warming up the model", phase="warming_up"),
-        rule(r"main: server is listening on|starting the main loop|all slots are idle", phase="serving"),
-        rule(r"main: exiting due to|couldn't bind HTTP server socket", phase="failed", event="fatal"),
+        # `main:` up to 2026, `llama_server:` since (`tools/server/server.cpp`, its `LOG_INF("%s: ...", __func__)`);
+        # b5760's `main: HTTP server is listening, hostname: ...` comes before the model loads and is no ready line.
+        rule(r"(?:main|llama_server): model loaded|warming up the model", phase="warming_up"),
+        rule(r"(?:main|llama_server): (?:server is )?listening on|starting the main loop|all slots are idle",
+             phase="serving"),
+        # A model that does not load (`src/llama.cpp` `llama_model_load`: `error loading model: ...`,
+        # `llama_model_load_from_file_impl: failed to load model`; `ggml/src/gguf.cpp`: `failed to read magic`;
+        # the server's `load_model: failed to load model, '...'`), and ggml's aborts (`ggml/src/ggml.c`
+        # `GGML_ASSERT(x) failed`; `ggml-cuda/ggml-cuda.cu` `ggml_cuda_error`: `CUDA error: ...`, `ROCm error: ...`
+        # in the HIP build, `MUSA error: ...`).
+        rule(r"error loading model|failed to load model|failed to read magic", phase="failed", event="fatal"),
+        rule(r"GGML_ASSERT\(.*\) failed|(?:CUDA|ROCm|MUSA) error: ", phase="failed", event="fatal"),
+        # The server gives up (`tools/server/server.cpp`: `%s: exiting due to model loading error`, from `main` or,
+        # since 2026, `llama_server`), after the cleanup line it prints on every exit.
+        rule(r": exiting due to", phase="failed", event="fatal", after_stop=True),
+        rule(r"couldn't bind HTTP server socket", phase="failed", event="fatal"),
         # A stop: the signal handler's `cleaning up before exit...` (`tools/server/server.cpp`, spelled
         # `operator()` or `operator ()` by the compiler), and a second SIGINT's `Received second interrupt`.
         rule(r"cleaning up before exit|Received second interrupt, terminating immediately", stop=True),

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from stallwatch.engines.base import EVENTS, Engine, Figures, Rule
+from stallwatch.logs import tracebacks
 from stallwatch.logs.formats import ANSI
 from stallwatch.logs.prefilter import SHARDS, compile_rules, line_bounds, strip_groups
 from stallwatch.logs.stats_lines import StatsLineIntegrator
@@ -104,6 +105,7 @@ class LogInterpreter:
         self._last_progress: float | None = None  # when a line that is not a heartbeat last came
         self._stats = StatsLineIntegrator(engine.stats_lines)
         self._timeline: list[str] = [self._phase]  # the phases of the current launch, in order
+        self._traceback: tracebacks.Open | None = None  # one whose end is in a block not read yet
         self.tap = tap
 
     # -- log input -------------------------------------------------------------------------------------
@@ -115,6 +117,10 @@ class LogInterpreter:
             self.tap(block)
         with self._lock:
             self._progress(block)
+            if self._traceback is not None:  # the end of the last block's traceback, first
+                count = self._traceback.count_events
+                if self._judge_traceback(tracebacks.judge(block, 0, self._traceback)) and count:
+                    self._count(["fatal"])
             # Read before the bulk skip below drops the stats lines; counted after the block's launch lines.
             stats = self._stats.read(block) if count_events and self._stats.lines else []
             if self._phase == "serving" and self._matcher.routine_lines is not None:
@@ -143,7 +149,9 @@ class LogInterpreter:
                 newline = block.find(b"\n", at)
                 newline = size if newline < 0 else newline
             start, end = line_bounds(block, pos, at, newline)
-            events += self._line(compiled.matches(block, start, end, at), compiled.rules, count_events)
+            events += self._line(compiled.matches(block, start, end, at), compiled.rules, count_events,
+                                 lambda end=end: tracebacks.judge(block, end + 1, tracebacks.Open(0, False,
+                                                                                                  count_events)))
             pos = end + 1
         return events
 
@@ -155,8 +163,9 @@ class LogInterpreter:
         if block and not block.isspace():
             self._last_progress = self._wall()
 
-    def _line(self, matches: Iterator[tuple[str, re.Match[bytes]]], rules: dict[str, Rule],
-              count_events: bool) -> set[str]:
+    def _line(self, matches: Iterator[tuple[str, re.Match[bytes]]], rules: dict[str, Rule], count_events: bool,
+              traceback: Callable[[], tracebacks.Judged | tracebacks.Open]) -> set[str]:
+        """The events of one line; `traceback` reads on to the end of the traceback the line begins."""
         seen: set[str] = set()
         for group, match in matches:
             if group == SHARDS:
@@ -166,8 +175,12 @@ class LogInterpreter:
             r = rules[group]
             if r.stop and self._phase != "failed":
                 self._stopping = True
-            if self._stopping and (r.event == "fatal" or r.phase == "failed"):
+            if self._stopping and not r.after_stop and (r.event == "fatal" or r.phase == "failed"):
                 continue  # the engine's own shutdown (children ended by its SIGTERM), not a crash
+            if r.traceback:
+                if self._judge_traceback(traceback()) and count_events:
+                    seen.add("fatal")
+                continue
             if r.event and count_events:  # one count per line and event
                 seen.add(r.event)
             if r.event == "fatal":
@@ -175,6 +188,21 @@ class LogInterpreter:
             if r.phase is not None:
                 self._line_phase(r.phase, count_events, r.launch)
         return seen
+
+    def _judge_traceback(self, verdict: tracebacks.Judged | tracebacks.Open) -> bool:
+        """A traceback that ended in a stop's exception is the stop; one that ended otherwise, a failure (True: a
+        fatal event); one whose end is not read yet is judged when it is, or when the process is gone."""
+        if isinstance(verdict, tracebacks.Open):
+            self._traceback = verdict
+            return False
+        self._traceback = None
+        if verdict.stop:
+            self._stopping = self._stopping or self._phase != "failed"
+            return False
+        if self._stopping:
+            return False
+        self._fatal_in_launch = True
+        return True
 
     def _count(self, events: list[str]) -> None:
         """Count a block's events at once: one clock read for the block, not one per line."""
@@ -235,6 +263,10 @@ class LogInterpreter:
 
     def process_gone(self) -> None:
         with self._lock:
+            if self._traceback is not None:  # the process ended in the middle of one: a failure
+                count = self._traceback.count_events
+                if self._judge_traceback(tracebacks.Judged(False, 0)) and count:
+                    self._count(["fatal"])
             self._enter("failed" if self._fatal_in_launch or self._phase == "failed" else "stopped")
 
     def probe_succeeded(self, at: float) -> None:

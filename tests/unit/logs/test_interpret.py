@@ -421,6 +421,9 @@ def test_tgi_startup_and_shard_crash() -> None:
     assert phases("tgi", t.tgi_healthy()) == ["launching", "loading_weights", "warming_up", "capturing_graphs",
                                               "warming_up", "serving"]
     interpreter = run("tgi", t.tgi_shard_crash())
+    # The shard's traceback is judged by how it ends: it has not ended yet; it has once the launcher exits.
+    assert interpreter.snapshot().phase == "failed" and interpreter.snapshot().events["fatal"] == 1
+    interpreter.process_gone()
     assert interpreter.snapshot().phase == "failed" and interpreter.snapshot().events["fatal"] == 2
 
 

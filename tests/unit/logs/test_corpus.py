@@ -1,0 +1,57 @@
+"""The corpus of real logs (`tests/fixtures/logs/`, pinned in `SOURCES.md`), each read as an expert reads it
+(`readings.yml`): replayed line by line through the engine's interpreter after its process was found, and, where the
+log ends with its process, after the process is gone. Prints one row per log; every row must match."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from support.corpus import READINGS, Reading, reading, replay
+
+
+@pytest.mark.parametrize("reading", READINGS, ids=[r.file for r in READINGS])
+def test_each_real_log_reads_as_the_expert_reads_it(reading: Reading) -> None:
+    got = replay(reading)
+    print(f"\n{reading.row(got)}")
+    assert got.matches(reading), reading.row(got)
+
+
+def test_the_corpus_is_pinned_and_spread() -> None:
+    """Every file of the corpus has a reading and a row in SOURCES.md, and every reading its file."""
+    folder = Path(READINGS[0].path).parent
+    files = {p.name for p in folder.glob("*.log")}
+    assert files == {r.file for r in READINGS}
+    sources = (folder / "SOURCES.md").read_text()
+    assert [f for f in sorted(files) if f"`{f}`" not in sources] == []
+
+
+@pytest.mark.parametrize("file", ["vllm-0.22.0-sleep-wakeup-oom-survives.log",
+                                  "vllm-0.19.1-oom-during-graph-capture-offline.log",
+                                  "vllm-0.14.0-rocm-hip-oom-in-compile-wrapper.log",
+                                  "tgi-2x-k8s-2shard-oom-load-llama3-70b.log"])
+def test_out_of_memory_in_each_allocators_words_is_oom(file: str) -> None:
+    """vLLM's cumem allocator (`CUDA Error: out of memory at ...`), the CUDA runtime's `CUDA error: out of memory`
+    as `torch.AcceleratorError`, PyTorch's `HIP out of memory` on ROCm and its `torch.cuda.OutOfMemoryError`."""
+    assert "oom" in replay(reading(file)).events
+
+
+def test_a_prompt_that_says_out_of_memory_is_no_oom() -> None:
+    """The counter-test: a request's logged prompt that happens to say `runs out of memory`."""
+    assert "oom" not in replay(reading("vllm-0.10.0-prompt-text-says-out-of-memory.log")).events
+
+
+@pytest.mark.parametrize("file", ["llamacpp-b5760-metal-dir-not-file-load-fail.log",
+                                  "llamacpp-b8248-docker-unknown-arch-gemma4-exit0.log"])
+def test_a_llamacpp_load_failure_stays_failed_through_its_cleanup_line(file: str) -> None:
+    """llama.cpp prints `cleaning up before exit...` on every exit, also after `failed to read magic` or an
+    unknown architecture and before `exiting due to model loading error`: the launch stays failed."""
+    seen = replay(reading(file))
+    assert seen.phase == "failed" and "fatal" in seen.events
+
+
+def test_a_llamacpp_stop_after_ready_is_stopped() -> None:
+    """The counter-test: the same cleanup line after a Ctrl-C while serving is the stop."""
+    seen = replay(reading("llamacpp-b9090-metal-stop-after-ready-membreakdown.log"))
+    assert seen.phase == "stopped" and "fatal" not in seen.events
