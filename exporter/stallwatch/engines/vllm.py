@@ -61,10 +61,13 @@ ENGINE = Engine(
         # which do no more on their own; its engine core's `init engine ... took` for data parallel.
         worker_rules=(rule(r"Model loading took|init engine \(profile, create kv cache, warmup model\) took",
                            phase="serving"),)),
+    # vLLM's own lines carry its logger's prefix, `INFO 11-13 09:22:27 [api_server.py:1090] ` (`vllm/logger.py`;
+    # V0 without the `[`), and uvicorn's its `INFO:     `: the rules that start a launch or move it towards serving
+    # match with it, so that a wrapper script's `Starting vLLM server for <app>...` in the same file is not vLLM's.
     rules=(
         # The API server's banner, once per launch (`entrypoints/common/startup.py`); each DP engine core prints its
         # own `Initializing a V1 LLM engine`.
-        rule(r"vLLM (?:API )?server version|non-default args:", phase="launching", launch=True),
+        rule(r"\] (?:vLLM (?:API )?server version|non-default args:)", phase="launching", launch=True),
         # A headless node's banner (`entrypoints/cli/serve.py`).
         rule(r"Launching vLLM \(v[^)\n]*\) headless multiproc executor|Launching \d+ data parallel engine\(s\) in "
              r"headless mode", phase="launching", launch=True),
@@ -86,8 +89,8 @@ ENGINE = Engine(
              phase="capturing_graphs"),
         rule(r"Graph capturing finished|init engine \(profile, create kv cache, warmup model\) took",
              phase="warming_up"),
-        rule(r"Starting vLLM (?:API )?server|Supported tasks:|Available routes are", phase="warming_up"),
-        rule(r"Application startup complete\.", phase="serving"),
+        rule(r"\] (?:Starting vLLM (?:API )?server|Supported tasks:|Available routes are)", phase="warming_up"),
+        rule(r"INFO: +Application startup complete\.", phase="serving"),
         rule(r"Avg prompt throughput: [\d.]+ tokens/s", phase="serving"),
         # A stop (SIGTERM, SIGINT): the API server's handler cancels uvicorn and logs `Shutting down FastAPI HTTP
         # server.` (`entrypoints/launcher.py`, up to 0.22), `[shutdown] API server: shutdown triggered` and the

@@ -106,10 +106,12 @@ def required_literals(pattern: bytes) -> list[bytes] | None:
     if tree.state.flags & re.IGNORECASE:
         return None  # a literal would miss the other cases
     parsed = list(tree)
-    if len(parsed) == 1 and parsed[0][0] is _sre_constants.BRANCH:
+    branches = [i for i, (op, _) in enumerate(parsed) if op is _sre_constants.BRANCH]
+    if len(branches) == 1:  # `a|b`, or `x(?:a|b)y` as the parser factors `xa|xb` out: each way through it
+        at = branches[0]
         out: list[bytes] = []
-        for branch in parsed[0][1][1]:
-            found = _longest_literal(list(branch))
+        for branch in parsed[at][1][1]:  # type: ignore[index]
+            found = _longest_literal([*parsed[:at], *branch, *parsed[at + 1:]])
             if found is None:
                 return None
             out.append(found)

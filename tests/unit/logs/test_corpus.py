@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from support.corpus import READINGS, Reading, reading, replay
+from stallwatch.engines import ENGINES
+from stallwatch.logs.interpret import LogInterpreter
+from support.corpus import LOGS, READINGS, Reading, reading, replay
 
 
 @pytest.mark.parametrize("reading", READINGS, ids=[r.file for r in READINGS])
@@ -55,3 +57,17 @@ def test_a_llamacpp_stop_after_ready_is_stopped() -> None:
     """The counter-test: the same cleanup line after a Ctrl-C while serving is the stop."""
     seen = replay(reading("llamacpp-b9090-metal-stop-after-ready-membreakdown.log"))
     assert seen.phase == "stopped" and "fatal" not in seen.events
+
+
+def test_a_wrappers_line_that_names_vllm_does_not_move_the_phase() -> None:
+    """A deploy script's own `Starting vLLM server...` (its logger's `- __main__ - INFO -` prefix), before vLLM's
+    banner in the same file, is not vLLM's: the launch stays `launching`. The counter-test: vLLM's own line, with
+    its logger's prefix, is the API server starting."""
+    interpreter = LogInterpreter(ENGINES["vllm"])
+    interpreter.process_started(0.0)
+    lines = (LOGS / "vllm-0.9.1-wrapper-two-launches-fail.log").read_bytes().splitlines(keepends=True)
+    for line in lines[:9]:  # the wrapper's lines, up to its "Waiting for server to be ready..."
+        interpreter.feed(line)
+    assert interpreter.snapshot().phase == "launching"
+    interpreter.feed(b"INFO 08-16 02:17:54 [api_server.py:1818] Starting vLLM API server 0 on http://0.0.0.0:8011\n")
+    assert interpreter.snapshot().phase == "warming_up"
