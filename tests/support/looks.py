@@ -26,9 +26,9 @@ def phase(engine: str = "sglang") -> PhaseSnapshot:
 
 def look(name: str = "sglang-30000", engine: str = "sglang", tree: Iterable[ProcSample] = (),
          running: bool = True, launch: Launch | None = None, log: PhaseSnapshot | None = None,
-         ranks: tuple[int, int] | None = None, gpus: tuple[int, ...] | None = None) -> Look:
+         ranks: tuple[int, int] | None = None, gpus: tuple[int, ...] | None = None, configured: bool = False) -> Look:
     spec = ServerSpec(engine=engine, name=name, gpus=gpus)
-    return Look(name, spec, ENGINES[engine], launch or Launch(), running, tuple(tree), {}, ranks,
+    return Look(name, spec, ENGINES[engine], configured, launch or Launch(), running, tuple(tree), {}, ranks,
                 log or phase(engine))
 
 

@@ -68,6 +68,11 @@ CATALOG: dict[str, Family] = {
         "gauge", "Processes with an engine's command line not watched in the last discovery pass: the caps "
         "discovery.max_servers and max_servers_per_user were reached.", ()),
     "server_up": Family("gauge", "1 when the server's main process is running.", ("server",)),
+    "server_configured": Family(
+        "gauge", "1 for a server of the config file's servers:, 0 for one that discovery found.", ("server",)),
+    "server_stop_requested": Family(
+        "gauge", "1 when the server's current launch logged that it was asked to stop (its engine's stop line, or "
+        "a traceback ending in KeyboardInterrupt).", ("server",)),
     "server_start_time_seconds": Family(
         "gauge", "Start time of the server's main process, seconds since the epoch.", ("server",)),
     "server_processes": Family(

@@ -20,11 +20,14 @@ class ProcessCollector:
 
     def collect(self) -> Iterator[Metric]:
         up, start = family("server_up"), family("server_start_time_seconds")
+        configured, stop_requested = family("server_configured"), family("server_stop_requested")
         states, cpu = family("server_processes"), family("process_cpu_seconds_total")
         rss, threads = family("process_resident_memory_bytes"), family("process_threads")
         for server in self.watcher.servers():
             look = server.look()
             up.add_metric([look.name], 1.0 if look.running else 0.0)
+            configured.add_metric([look.name], 1.0 if look.configured else 0.0)
+            stop_requested.add_metric([look.name], 1.0 if look.log.stop_requested else 0.0)
             if not look.running:
                 continue
             main = next((s for s in look.tree if s.role == "main"), None)
@@ -46,7 +49,7 @@ class ProcessCollector:
                 threads.add_metric([look.name, role], float(thread_count[role]))
         skipped = family("discovery_skipped_processes")
         skipped.add_metric([], float(self.watcher.skipped))
-        yield from (up, start, states, cpu, rss, threads, skipped)
+        yield from (up, configured, stop_requested, start, states, cpu, rss, threads, skipped)
 
 
 COLLECTOR = Registration("process", CollectorSettings, lambda runtime, _: ProcessCollector(runtime.watcher),

@@ -86,6 +86,7 @@ class Look:
     name: str
     spec: ServerSpec
     engine: Engine
+    configured: bool  # from the config file's `servers:`; False: found by discovery
     launch: Launch
     running: bool  # its main process lives (and is no zombie)
     tree: tuple[ProcSample, ...]  # the main process and its descendants, roles capped; () when not running
@@ -95,9 +96,11 @@ class Look:
 
 
 class Server:
-    def __init__(self, name: str, spec: ServerSpec, config: Config, table: ProcessTable | None = None) -> None:
-        """`table`: the node's process table, shared by every server of a watcher (one read for all trees)."""
-        self.name = name
+    def __init__(self, name: str, spec: ServerSpec, config: Config, table: ProcessTable | None = None,
+                 configured: bool = False) -> None:
+        """`table`: the node's process table, shared by every server of a watcher (one read for all trees);
+        `configured`: a server of the config file's `servers:`, which someone said should run."""
+        self.name, self.configured = name, configured
         self.table = table or ProcessTable(config.paths.procfs, TREE_CACHE_SECONDS)
         self.spec = spec
         self.engine: Engine = ENGINES[spec.engine].with_rules(spec.rules)
@@ -256,7 +259,8 @@ class Server:
                 self._ranks_started = max(self._ranks_started, live)
                 ranks = live, self._ranks_started
             log = self.interpreter.snapshot()  # its lock is taken inside this one only (never the other way)
-        return Look(self.name, self.spec, self.engine, launch, running, tuple(tree), cpu, ranks, log)
+        return Look(self.name, self.spec, self.engine, self.configured, launch, running, tuple(tree), cpu, ranks,
+                    log)
 
     def _read_tree(self, launch: Launch) -> list[ProcSample]:
         main = launch.process

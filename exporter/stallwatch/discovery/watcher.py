@@ -72,7 +72,7 @@ class Watcher:
         self._skipping = 0  # the same, counted in the pass under way
         for index, spec in enumerate(config.servers):
             name = spec.name or _default_name(spec, index)
-            self._servers[name] = Server(name, spec, config, self._table)
+            self._servers[name] = Server(name, spec, config, self._table, configured=True)
         self._configured = list(self._servers.values())
         self._configured_names = set(self._servers)
 

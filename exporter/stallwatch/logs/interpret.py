@@ -60,6 +60,7 @@ class PhaseSnapshot:
     timeline: tuple[str, ...]  # the phases of the current launch, in order
     launches: int  # launches seen, the replayed ones included
     figures: Figures | None  # running, waiting and generated tokens from the stats lines; None before the first
+    stop_requested: bool  # the current launch logged that it was asked to stop (a stop line, Ctrl-C's traceback)
 
 
 @dataclass
@@ -290,4 +291,4 @@ class LogInterpreter:
         with self._lock:
             return PhaseSnapshot(self._phase, self._since, *self._shards.progress(), dict(self._events),
                                  dict(self._last_events_at), self._last_progress, tuple(self._timeline),
-                                 self._launches, self._stats.figures())
+                                 self._launches, self._stats.figures(), self._stopping)
