@@ -43,6 +43,10 @@ def test_sigterm_stops_serving_engines_with_no_fatal_event_and_a_crash_still_fai
     for sim in (sglang, vllm):
         assert scrape.value("stallwatch_log_events_total", server=sim.name, event="fatal") == 0, sim.name
         assert scrape.value("stallwatch_server_up", server=sim.name) == 0
+        # Discovered, and stopped on request: what InferenceServerDown needs to tell a stop from an outage.
+        assert scrape.value("stallwatch_server_configured", server=sim.name) == 0
+        assert scrape.value("stallwatch_server_stop_requested", server=sim.name) == 1, sim.name
+    assert scrape.value("stallwatch_server_stop_requested", server=crashed.name) == 0
     assert scrape.value("stallwatch_log_last_event_timestamp_seconds", server=crashed.name, event="fatal") > 0
     # One launch, though its probe may answer before its log is read (and the banner replayed).
     assert scrape.value("stallwatch_log_events_total", server=sglang.name, event="server_restart") == 0
