@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -70,6 +71,9 @@ class Launch:
     listening: tuple[str, ...] | None = None  # addresses with a LISTEN socket on its port; None: unknown
     probes: tuple[ProbeTarget, ...] = ()
     log_sources: tuple[LogSource, ...] = ()
+    # Each log file's size when the process was found, by `open_path`: what it writes past that is news, however
+    # late a follower first opens the file.
+    log_sizes: tuple[tuple[str, int], ...] = ()
     member: Member | None = None  # its place in a deployment over several nodes; None on one node
     uid: int | None = None  # the real uid of its main process
     ledger: CpuLedger = field(default_factory=CpuLedger, compare=False)  # per-role CPU of this launch's tree
@@ -143,6 +147,7 @@ class Server:
                 probes=self.launch.probes,
                 log_sources=self.launch.log_sources if self.spec.logs else log_sources(
                     self._config.paths, candidate.pid, workload), member=member, uid=owner(candidate.pid))
+            launch = dataclasses.replace(launch, log_sizes=_sizes(launch.log_sources))
             if key == self.launch.key:  # the same process exec'd: its CPU so far stays counted
                 launch = dataclasses.replace(launch, ledger=self.launch.ledger)
             launch = dataclasses.replace(launch, listening=self._read_listening(launch))
@@ -289,6 +294,18 @@ def _running(process: psutil.Process) -> bool:
         return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
         return False
+
+
+def _sizes(sources: tuple[LogSource, ...]) -> tuple[tuple[str, int], ...]:
+    """The size of each file source now (a stat, which opens nothing); those that cannot be stat'ed are left out."""
+    out = []
+    for source in sources:
+        if source.open_path and source.format != "journal":
+            try:
+                out.append((source.open_path, os.stat(source.open_path).st_size))
+            except (OSError, ValueError):  # not there yet, unreadable, a NUL: its follower's own start then
+                continue
+    return tuple(out)
 
 
 def _is_ip(text: str) -> bool:

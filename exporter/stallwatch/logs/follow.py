@@ -138,7 +138,7 @@ class JournalLog(Follower):
 
 @dataclass(frozen=True)
 class _Replay:
-    end: int  # the file's size when it was opened: what lies before is old news, replayed
+    end: int  # where news begins: the size when the server was found (or the file opened); before it, replayed
     mtime: float
 
 
@@ -148,15 +148,18 @@ class LogFile(Follower):
 
     def __init__(self, server: str, source: LogSource, interpreter: LogInterpreter,
                  wall: Callable[[], float] = time.time, recover: bool = True, recover_events: bool = False,
-                 replayed: Callable[[tuple[int, int]], bool] = lambda ident: False) -> None:
+                 replayed: Callable[[tuple[int, int]], bool] = lambda ident: False,
+                 news_from: int | None = None) -> None:
         """`replayed(ident)`: whether another follower already replayed that (device, inode), which this one then
-        reads from its end (the processes of several servers can share one stdout file)."""
+        reads from its end (the processes of several servers can share one stdout file). `news_from`: the file's
+        size when its server was found; past it the first open reads news, not a replay, however late it comes."""
         super().__init__(server, source, interpreter)
         self._wall = wall
         self._decoder = decoder_for(source.format)
         self._recover = recover
         self._recover_events = recover_events
         self._replayed = replayed
+        self._news_from = news_from
         self._replay: _Replay | None = None
         self._fd: int | None = None
         self.ident: tuple[int, int] | None = None
@@ -232,11 +235,12 @@ class LogFile(Follower):
             self._recover = False
             self._seen = size
             self._last_growth = st.st_mtime
+            old = size if self._news_from is None else min(size, self._news_from)
             if replayed:
-                self._offset = size
+                self._offset = old
             else:
-                self._offset = self._replay_start(fd, size)
-                self._replay = _Replay(size, st.st_mtime)
+                self._offset = self._replay_start(fd, old)
+                self._replay = _Replay(old, st.st_mtime)
         self._publish()  # before the replay is read (and fed to the interpreter) in `_read`
 
     def _replay_start(self, fd: int, size: int) -> int:

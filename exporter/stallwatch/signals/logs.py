@@ -108,7 +108,8 @@ class LogManager:
                 launched_since = self._replay_events or (process is not None and launch >= self._started - 2.0)
                 self._files[key] = LogFile(server.name, source, server.interpreter, self._wall,
                                            recover=os.path.exists(source.open_path), recover_events=launched_since,
-                                           replayed=self._followed)
+                                           replayed=self._followed,
+                                           news_from=dict(server.launch.log_sizes).get(source.open_path))
             files = list(self._files.values())
         behind = False
         for f in files:

@@ -5,6 +5,7 @@ stuck follower fails the logs collector."""
 from __future__ import annotations
 
 import dataclasses
+import os
 import threading
 import time
 from pathlib import Path
@@ -13,11 +14,12 @@ import pytest
 
 from stallwatch.collectors import StallwatchCollector
 from stallwatch.collectors.logs import LogsCollector
+from stallwatch.discovery.workload import Workload
 from stallwatch.logs.source import LogSource
 from stallwatch.signals.logs import LogManager
 from support import transcripts
 from support.harness import poll
-from support.watchers import append, log_watcher, manager, phase, watcher_with_logs
+from support.watchers import append, candidate, log_watcher, manager, phase, stats, watcher_with_logs
 
 
 def _success(root: StallwatchCollector, name: str) -> float:
@@ -144,3 +146,38 @@ def test_follows_in_background_with_inotify(tmp_path: Path) -> None:
         poll(lambda: phase(watcher) == "launching", what="inotify to wake the follower")
     finally:
         m.stop()
+
+
+def _an_hour_on() -> float:
+    """The exporter's clock an hour on: this test's own process, the server here, is older than the exporter."""
+    return time.time() + 3600
+
+
+def test_lines_written_after_the_server_was_found_count_however_late_its_follower_starts(tmp_path: Path) -> None:
+    """On a busy machine the follower of a log may first open it long after discovery found its server (a process
+    older than the exporter, whose earlier lines are old news): what the server wrote in between is news all the
+    same. Its fatal line counts, the one from before it was found does not."""
+    log = tmp_path / "server.log"
+    old_crash = LAUNCH + b"Traceback (most recent call last):\n  File \"a.py\", line 1\nValueError: before we looked\n"
+    log.write_bytes(old_crash)
+    watcher = log_watcher({"s": [log]})
+    server = watcher.servers()[0]
+    m = LogManager(watcher, poll_interval=1.0, wall=_an_hour_on)  # the exporter, started after the process
+    assert server.attach(candidate(os.getpid()), Workload())  # found, with its log this long
+    append(log, b"Traceback (most recent call last):\n  File \"b.py\", line 2\nRuntimeError: after we looked\n")
+    m.poll()  # the follower's first open, late
+    snap = server.interpreter.snapshot()
+    assert snap.events["fatal"] == 1
+    assert stats(m).read_bytes == log.stat().st_size - len(old_crash)
+
+
+def test_a_log_as_it_was_when_its_server_was_found_is_old_news(tmp_path: Path) -> None:
+    """The counter-test: nothing written since, nothing counted; the phase is recovered from the old lines."""
+    log = tmp_path / "server.log"
+    log.write_bytes(LAUNCH + b"Traceback (most recent call last):\n  File \"a.py\", line 1\nValueError: old\n")
+    watcher = log_watcher({"s": [log]})
+    server = watcher.servers()[0]
+    m = LogManager(watcher, poll_interval=1.0, wall=_an_hour_on)
+    assert server.attach(candidate(os.getpid()), Workload())
+    m.poll()
+    assert server.interpreter.snapshot().events["fatal"] == 0 and stats(m).read_bytes == 0
