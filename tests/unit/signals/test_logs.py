@@ -156,28 +156,30 @@ def _an_hour_on() -> float:
 def test_lines_written_after_the_server_was_found_count_however_late_its_follower_starts(tmp_path: Path) -> None:
     """On a busy machine the follower of a log may first open it long after discovery found its server (a process
     older than the exporter, whose earlier lines are old news): what the server wrote in between is news all the
-    same. Its fatal line counts, the one from before it was found does not."""
+    same. A real SGLang launch, then, once the server was found, its real crash: the crash's fatal lines count."""
     log = tmp_path / "server.log"
-    old_crash = LAUNCH + b"Traceback (most recent call last):\n  File \"a.py\", line 1\nValueError: before we looked\n"
-    log.write_bytes(old_crash)
+    log.write_bytes(transcripts.real("sglang-eagle3-launch.log").encode())
     watcher = log_watcher({"s": [log]})
     server = watcher.servers()[0]
     m = LogManager(watcher, poll_interval=1.0, wall=_an_hour_on)  # the exporter, started after the process
     assert server.attach(candidate(os.getpid()), Workload())  # found, with its log this long
-    append(log, b"Traceback (most recent call last):\n  File \"b.py\", line 2\nRuntimeError: after we looked\n")
+    before = log.stat().st_size
+    append(log, transcripts.real("sglang-crash-while-serving.log").encode())
     m.poll()  # the follower's first open, late
-    snap = server.interpreter.snapshot()
-    assert snap.events["fatal"] == 1
-    assert stats(m).read_bytes == log.stat().st_size - len(old_crash)
+    assert server.interpreter.snapshot().events["fatal"] >= 1
+    assert stats(m).read_bytes == log.stat().st_size - before
 
 
 def test_a_log_as_it_was_when_its_server_was_found_is_old_news(tmp_path: Path) -> None:
-    """The counter-test: nothing written since, nothing counted; the phase is recovered from the old lines."""
+    """The counter-test: the same real crash already in the log when its server was found is old news (its phase
+    is recovered, its fatal lines not counted), and nothing written since counts nothing."""
     log = tmp_path / "server.log"
-    log.write_bytes(LAUNCH + b"Traceback (most recent call last):\n  File \"a.py\", line 1\nValueError: old\n")
+    crashed = transcripts.real("sglang-eagle3-launch.log") + transcripts.real("sglang-crash-while-serving.log")
+    log.write_bytes(crashed.encode())
     watcher = log_watcher({"s": [log]})
     server = watcher.servers()[0]
     m = LogManager(watcher, poll_interval=1.0, wall=_an_hour_on)
     assert server.attach(candidate(os.getpid()), Workload())
     m.poll()
-    assert server.interpreter.snapshot().events["fatal"] == 0 and stats(m).read_bytes == 0
+    snap = server.interpreter.snapshot()
+    assert (snap.phase, snap.events["fatal"], stats(m).read_bytes) == ("failed", 0, 0)
