@@ -18,6 +18,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import psutil
 
@@ -99,6 +100,16 @@ class Look:
     log: PhaseSnapshot
 
 
+class _TreeReading(NamedTuple):
+    running: bool
+    tree: tuple[ProcSample, ...]
+    cpu: dict[str, tuple[float, float]]
+    ranks: tuple[int, int] | None
+
+
+NOT_READ = _TreeReading(False, (), {}, None)
+
+
 class Server:
     def __init__(self, name: str, spec: ServerSpec, config: Config, table: ProcessTable | None = None,
                  configured: bool = False) -> None:
@@ -112,7 +123,7 @@ class Server:
         self._ranks_started = 0  # the most rank processes this launch's tree has had
         self._config = config
         self._lock = threading.Lock()
-        self._tree: tuple[float, list[ProcSample]] = (float("-inf"), [])
+        self._tree: tuple[float, _TreeReading] = (float("-inf"), NOT_READ)
         self.launch = Launch(probes=tuple(ProbeTarget(p) for p in spec.probes or ()),
                              log_sources=tuple(LogSource(p, p) for p in spec.logs))
         # Kept from the first line read (a tap set later would miss the replayed start), only where it is shown.
@@ -153,7 +164,7 @@ class Server:
             launch = dataclasses.replace(launch, listening=self._read_listening(launch))
             if self.spec.probes is None:
                 launch = dataclasses.replace(launch, probes=self._derived_probes(launch))
-            self._tree = (float("-inf"), [])
+            self._tree = (float("-inf"), NOT_READ)
             self._ranks_started = 0
             self.launch = launch
         self.interpreter.use(self._worker_engine if member is not None and member.worker else self.engine)
@@ -245,27 +256,31 @@ class Server:
         return main is not None and _running(main)
 
     def look(self) -> Look:
-        """The server now. The tree is re-listed at most every TREE_CACHE_SECONDS (the collectors of one scrape
-        share one read); the CPU ledger and the rank high-water mark move here and nowhere else."""
+        """The server now. What its process tree says (whether it runs, the tree, the CPU by role, the ranks) is read
+        at most every TREE_CACHE_SECONDS, and the collectors of one scrape share that reading: the CPU ledger and
+        the rank high-water mark move with a new reading, here and nowhere else."""
         with self._lock:
             launch = self.launch
-            running = launch.process is not None and _running(launch.process)
             now = time.monotonic()
-            taken, tree = self._tree
+            taken, seen = self._tree
             if now - taken >= TREE_CACHE_SECONDS:
-                tree = self._read_tree(launch)
-                self._tree = (now, tree)
-            tree = tree if running else []
-            cpu = launch.ledger.update(tree)
-            ranks = None
-            spec = self.engine.multinode
-            if spec is not None and running:
-                live = sum(1 for s in tree if s.state != "Z" and spec.rank_role.search(s.role))
-                self._ranks_started = max(self._ranks_started, live)
-                ranks = live, self._ranks_started
+                seen = self._read(launch)
+                self._tree = (now, seen)
             log = self.interpreter.snapshot()  # its lock is taken inside this one only (never the other way)
-        return Look(self.name, self.spec, self.engine, self.configured, launch, running, tuple(tree), cpu, ranks,
-                    log)
+        running, tree, cpu, ranks = seen
+        return Look(self.name, self.spec, self.engine, self.configured, launch, running, tree, cpu, ranks, log)
+
+    def _read(self, launch: Launch) -> _TreeReading:
+        """A new reading of the tree (under the server's lock)."""
+        running = launch.process is not None and _running(launch.process)
+        tree = self._read_tree(launch) if running else []
+        ranks = None
+        spec = self.engine.multinode
+        if spec is not None and running:
+            live = sum(1 for s in tree if s.state != "Z" and spec.rank_role.search(s.role))
+            self._ranks_started = max(self._ranks_started, live)
+            ranks = live, self._ranks_started
+        return _TreeReading(running, tuple(tree), launch.ledger.update(tree), ranks)
 
     def _read_tree(self, launch: Launch) -> list[ProcSample]:
         main = launch.process
