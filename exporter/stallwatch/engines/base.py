@@ -207,6 +207,9 @@ class Engine:
     # else does not move `log_last_progress` (see `heartbeats()`).
     heartbeats: re.Pattern[bytes] | None = None
     multinode: MultiNode | None = None  # None: the engine never spans nodes
+    # What the engine writes before each line of its own (its logger's prefix), a regex that may match nothing:
+    # a traceback's lines are read past it (`logs.tracebacks`).
+    line_prefix: bytes = b""
 
     def all_rules(self) -> tuple[Rule, ...]:
         return self.rules + COMMON_RULES

@@ -36,6 +36,9 @@ ENGINE = Engine(
     # `--nnodes N --node-rank R --dist-init-addr H:P` (`srt/arg_groups/fields/parallel.py`, alias
     # `--nccl-init-addr`): node R >= 1 runs only schedulers (`sglang::scheduler_TP8`.. with global TP ranks, no
     # detokenizer: `srt/entrypoints/engine.py`), one per local GPU, and a dummy `/health` that answers 200 always.
+    # Its logger's `[YYYY-MM-DD HH:MM:SS TPn] ` (`srt/utils/common.py` `configure_logger`); a traceback it logs
+    # follows the message's first line unprefixed.
+    line_prefix=rb"(?:\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d[^\]\n]*\] )?",
     multinode=MultiNode(
         rendezvous=(Rendezvous(("--dist-init-addr", "--nccl-init-addr")),),
         rank_role=re.compile(r"^scheduler"), nnodes_flags=("--nnodes",), node_rank_flags=("--node-rank",)),

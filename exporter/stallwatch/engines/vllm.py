@@ -50,6 +50,10 @@ ENGINE = Engine(
     # 29550), `-size`, `-size-local`, `-start-rank`; the nodes other than the head run `--headless`: no API server,
     # no port, no `/metrics`, nothing logged while serving. Their ranks: `VLLM::Worker_TP8`.., `VLLM::EngineCore_DP1`
     # and `VLLM::Worker_DP1_TP0`.. (`v1/executor/multiproc_executor.py`, `v1/engine/core.py`).
+    # A child's `(EngineCore_DP0 pid=7) ` (multiprocess workers, Ray's `(RayWorkerWrapper pid=7) `), then its
+    # logger's `LEVEL MM-DD HH:MM:SS [file.py:N] ` (`vllm/logger.py`; V0 without the `[`).
+    line_prefix=(rb"(?:\(\S+ pid=\d+\) )?"
+                 rb"(?:(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? \[?[\w./-]+:\d+\] )?"),
     multinode=MultiNode(
         rendezvous=(Rendezvous(("--data-parallel-address", "-dpa"), ("--data-parallel-rpc-port", "-dpp"), "29550"),
                     Rendezvous(("--master-addr",), ("--master-port",), "29501")),

@@ -42,6 +42,7 @@ class Matcher:
         # A whole line that holds a heartbeat, from its start (`\n`, `\r` or the block's), so one `sub` drops them.
         self.heartbeat_lines = None if engine.heartbeats is None else re.compile(
             rb"(?<![^\r\n])[^\r\n]*?(?:" + engine.heartbeats.pattern + rb")[^\r\n]*")
+        self.line_prefix = re.compile(engine.line_prefix)
         launch = [strip_groups(r.pattern.pattern) for r in rules if r.launch]
         self.launch = re.compile(b"|".join(launch) or b"(?!)", re.MULTILINE)
 
@@ -119,9 +120,7 @@ class LogInterpreter:
         with self._lock:
             self._progress(block)
             if self._traceback is not None:  # the end of the last block's traceback, first
-                count = self._traceback.count_events
-                if self._judge_traceback(tracebacks.judge(block, 0, self._traceback)) and count:
-                    self._count(["fatal"])
+                self._judge_open(self._read_traceback(block, 0, self._traceback))
             # Read before the bulk skip below drops the stats lines; counted after the block's launch lines.
             stats = self._stats.read(block) if count_events and self._stats.lines else []
             if self._phase == "serving" and self._matcher.routine_lines is not None:
@@ -151,8 +150,8 @@ class LogInterpreter:
                 newline = size if newline < 0 else newline
             start, end = line_bounds(block, pos, at, newline)
             events += self._line(compiled.matches(block, start, end, at), compiled.rules, count_events,
-                                 lambda end=end: tracebacks.judge(block, end + 1, tracebacks.Open(0, False,
-                                                                                                  count_events)))
+                                 lambda end=end: self._read_traceback(block, end + 1,
+                                                                      tracebacks.Open(0, False, count_events)))
             pos = end + 1
         return events
 
@@ -189,6 +188,15 @@ class LogInterpreter:
             if r.phase is not None:
                 self._line_phase(r.phase, count_events, r.launch)
         return seen
+
+    def _read_traceback(self, block: bytes, pos: int, state: tracebacks.Open) -> tracebacks.Judged | tracebacks.Open:
+        return tracebacks.judge(block, pos, state, self._matcher.line_prefix)
+
+    def _judge_open(self, verdict: tracebacks.Judged | tracebacks.Open) -> None:
+        """Judge the traceback left open by an earlier block, counting as that block would have."""
+        count = self._traceback is not None and self._traceback.count_events
+        if self._judge_traceback(verdict) and count:
+            self._count(["fatal"])
 
     def _judge_traceback(self, verdict: tracebacks.Judged | tracebacks.Open) -> bool:
         """A traceback that ended in a stop's exception is the stop; one that ended otherwise, a failure (True: a
@@ -265,9 +273,7 @@ class LogInterpreter:
     def process_gone(self) -> None:
         with self._lock:
             if self._traceback is not None:  # the process ended in the middle of one: a failure
-                count = self._traceback.count_events
-                if self._judge_traceback(tracebacks.Judged(False, 0)) and count:
-                    self._count(["fatal"])
+                self._judge_open(tracebacks.Judged(False, 0))
             self._enter("failed" if self._fatal_in_launch or self._phase == "failed" else "stopped")
 
     def probe_succeeded(self, at: float) -> None:

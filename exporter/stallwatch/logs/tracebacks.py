@@ -2,21 +2,15 @@
 ends it, not by its first line. Python prints (`traceback.format_exception`): `Traceback (most recent call last):`,
 its frames indented, then the exception, `Name: message` or `Name`, at the line start; a chained one adds a blank
 line, `During handling of the above exception, another exception occurred:` (or `The above exception was the
-direct cause of the following exception:`), a blank line and the next traceback. An engine's log prefix (vLLM's
-`(EngineCore_DP0 pid=7) ERROR 11-13 09:22:27 [core.py:710] ` on every line of one) comes before each line."""
+direct cause of the following exception:`), a blank line and the next traceback. An engine's own prefix
+(`Engine.line_prefix`: vLLM's `(EngineCore_DP0 pid=7) ERROR 11-13 09:22:27 [core.py:710] ` on every line of one)
+may come before each line."""
 
 from __future__ import annotations
 
 import re
 from typing import NamedTuple
 
-# The lines of a traceback an engine prints, past its prefix: a child's `(Name pid=N) ` (vLLM's multiprocess
-# workers), then a vLLM logger's `LEVEL MM-DD HH:MM:SS [file.py:N] ` (`vllm/logger.py`; V0 without the `[`) or an
-# SGLang one's `[YYYY-MM-DD HH:MM:SS TPn] ` (`srt/utils/common.py` `configure_logger`).
-LINE_PREFIX = re.compile(
-    rb"(?:\(\S+ pid=\d+\) )?"
-    rb"(?:(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? \[?[\w./-]+:\d+\] )?"
-    rb"(?:\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d[^\]\n]*\] )?")
 CHAINED = (b"During handling of the above exception", b"The above exception was the direct cause")
 START = b"Traceback (most recent call last)"
 # KeyboardInterrupt is SIGINT (Ctrl-C), or SIGTERM where the engine's handler raises it (vLLM's API server:
@@ -39,17 +33,18 @@ class Judged(NamedTuple):
     end: int  # the offset after its last line in the block
 
 
-def judge(block: bytes, pos: int, state: Open) -> Judged | Open:
-    """Read the traceback on from `pos` (a line start in `block`): how it ends, or how far it got by the block's
-    end. A new traceback that no chain line announced ends the one before without an exception: a failure."""
+def judge(block: bytes, pos: int, state: Open, prefix: re.Pattern[bytes]) -> Judged | Open:
+    """Read the traceback on from `pos` (a line start in `block`), each line past the engine's `prefix`: how it
+    ends, or how far it got by the block's end. A new traceback that no chain line announced ends the one before
+    without an exception: a failure."""
     lines, chained, size = state.lines, state.chained, len(block)
     while pos < size:
         if lines >= MAX_LINES:
             return Judged(False, pos)
         found = LINE_END.search(block, pos)
         end = size if found is None else found.start()
-        prefix = LINE_PREFIX.match(block, pos, end)
-        body = pos if prefix is None else prefix.end()
+        found = prefix.match(block, pos, end)
+        body = pos if found is None else found.end()
         text = block[body:min(end, body + 64)]
         lines += 1
         if not text.strip() or text[:1] in b" \t":

@@ -4,6 +4,8 @@ block, and a traceback never closed is a failure once its process is gone."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from stallwatch.engines import ENGINES
@@ -11,6 +13,7 @@ from stallwatch.logs import tracebacks
 from stallwatch.logs.interpret import LogInterpreter
 from support.corpus import LOGS
 
+VLLM, NO_PREFIX = re.compile(ENGINES["vllm"].line_prefix), re.compile(b"")
 # From tests/fixtures/logs/vllm-0.22.0-ctrl-c-during-load.log and vllm-0.10.2-free-memory-startup-crash.log.
 STOP = (b"(APIServer pid=13078) Traceback (most recent call last):\n"
         b'(APIServer pid=13078)   File "/usr/lib/python3.12/asyncio/runners.py", line 118, in run\n'
@@ -52,7 +55,8 @@ def test_a_traceback_that_ends_in_an_error_is_a_failure() -> None:
 @pytest.mark.parametrize(("block", "stop"), [(STOP, True), (CRASH, False)])
 def test_judged_by_the_exception_past_each_lines_prefix(block: bytes, stop: bool) -> None:
     first = block.index(b"\n") + 1
-    assert tracebacks.judge(block, first, tracebacks.Open(1, False, True)) == tracebacks.Judged(stop, len(block))
+    verdict = tracebacks.judge(block, first, tracebacks.Open(1, False, True), VLLM)
+    assert verdict == tracebacks.Judged(stop, len(block))
 
 
 @pytest.mark.parametrize("cut", [1, 2])
@@ -89,7 +93,7 @@ def test_a_chained_traceback_is_one_until_its_end() -> None:
     chained = (b"Traceback (most recent call last):\n  File \"a.py\", line 1, in f\nKeyboardInterrupt\n\n"
                b"During handling of the above exception, another exception occurred:\n\n"
                b"Traceback (most recent call last):\n  File \"b.py\", line 2, in g\nSystemExit: 15\n")
-    assert tracebacks.judge(chained, chained.index(b"\n") + 1, tracebacks.Open(1, False, True)).stop
+    assert tracebacks.judge(chained, chained.index(b"\n") + 1, tracebacks.Open(1, False, True), NO_PREFIX).stop
     two = b"Traceback (most recent call last):\n  File \"a.py\", line 1\nTraceback (most recent call last):\n"
-    assert tracebacks.judge(two, two.index(b"\n") + 1, tracebacks.Open(1, False, True)) == tracebacks.Judged(
+    assert tracebacks.judge(two, two.index(b"\n") + 1, tracebacks.Open(1, False, True), NO_PREFIX) == tracebacks.Judged(
         False, two.index(b"Traceback", 5))
