@@ -4,9 +4,7 @@ the number of servers."""
 from __future__ import annotations
 
 import contextlib
-import os
 import subprocess
-import sys
 import urllib.request
 from pathlib import Path
 
@@ -16,6 +14,8 @@ import pytest
 from support.cluster import Node, require_nodes
 from support.configs import FAST_REMEMBERING
 from support.harness import NOBODY, Exporter, Scrape, free_port, poll
+from support.programs import SYSTEM_PYTHON as PYTHON
+from support.programs import posing_as
 from support.sandbox import Cgroup, Netns, require_root
 
 POD_UID, CID = "0f3c2a4e-1b2c-4d5e-8f90-a1b2c3d4e5f6", "ab" * 32
@@ -24,12 +24,9 @@ POD_UID, CID = "0f3c2a4e-1b2c-4d5e-8f90-a1b2c3d4e5f6", "ab" * 32
 SECRET = "DB_PASSWORD=hunter2-SECRET"
 
 
-# Sleeps with an engine's argv, as the `sleeper` of docs/research/audit-2026-12-01.md does; the system's
-# interpreter, which `nobody` can run in a user namespace of its own too (not one under root's home).
-PYTHON = "/usr/bin/python3" if os.access("/usr/bin/python3", os.X_OK) else sys.executable
-
-
-SLEEPER = [PYTHON, "-c", "import time; time.sleep(600)", "-m", "sglang.launch_server", "--port"]
+def sleeper(directory: Path) -> list[str]:
+    """Sleeps as `sglang serve --port` (the port follows): docs/research/audit-2026-12-01.md's `sleeper`."""
+    return [*posing_as(directory, "sglang", python=PYTHON), "serve", "--port"]
 
 
 def _billing_db_pod(rootfs: Path) -> None:
@@ -45,17 +42,18 @@ def _billing_db_pod(rootfs: Path) -> None:
         f"/var/log/pods/prod_billing-db_{POD_UID}/db/0.log")
 
 
-# Answers every GET with 200 and writes its request line to the file named first: who dialled it.
+# Answers every GET with 200 and writes its request line to the file named next to last (the port is last): who
+# dialled it.
 RECORDER = """
 import sys
 from http.server import BaseHTTPRequestHandler, HTTPServer
 class H(BaseHTTPRequestHandler):
     def do_GET(self):
-        with open(sys.argv[1], "a") as seen:
+        with open(sys.argv[-2], "a") as seen:
             seen.write(self.path + "\\n")
         self.send_response(200); self.send_header("Content-Length", "2"); self.end_headers(); self.wfile.write(b"ok")
     def log_message(self, *args): pass
-HTTPServer(("0.0.0.0", int(sys.argv[2])), H).serve_forever()
+HTTPServer(("0.0.0.0", int(sys.argv[-1])), H).serve_forever()
 """
 
 
@@ -76,7 +74,7 @@ def _answers(address: str, port: int) -> bool:
     (f"kubepods.slice/kubepods-pod{POD_UID.replace('-', '_')}.slice/cri-containerd-{CID}.scope",
      ["unshare", "--user", "--map-root-user", "--mount", "--"]),
 ], ids=["user-delegated", "node-mounts", "user-namespace"])
-def test_a_users_own_cgroup_does_not_pass_for_another_pod(exporter, tmp_path: Path, cgroup: str,
+def test_a_users_own_cgroup_does_not_pass_for_another_pod(exporter, tmp_path: Path, shared_dir: Path, cgroup: str,
                                                          wrapper: list[str]) -> None:
     """An unprivileged user puts its process in a cgroup named like another pod's container (in its systemd-delegated
     subtree, or a pod's path with the node's mount namespace or one of its own user namespace), so that the exporter,
@@ -89,11 +87,11 @@ def test_a_users_own_cgroup_does_not_pass_for_another_pod(exporter, tmp_path: Pa
     port = free_port()
     e = exporter(config=FAST_REMEMBERING + "web: {show_evidence: true}\n", args=(f"--path.rootfs={rootfs}",))
     with Cgroup(cgroup) as group:
-        neighbour = subprocess.Popen([*NOBODY, *wrapper, *SLEEPER, str(port)], stdout=subprocess.PIPE,
+        neighbour = subprocess.Popen([*NOBODY, *wrapper, *sleeper(shared_dir), str(port)], stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE)
         try:
             main = poll(lambda: next((p.pid for p in [psutil.Process(neighbour.pid), *psutil.Process(
-                neighbour.pid).children(recursive=True)] if "sglang.launch_server" in p.cmdline()), None),
+                neighbour.pid).children(recursive=True)] if p.cmdline()[-3:-1] == ["serve", "--port"]), None),
                 what="the neighbour's process")
             group.add(main)
             scrape = e.wait_for(lambda s: s.value("stallwatch_server_up", server=f"sglang-{port}") == 1 and s,
@@ -128,8 +126,9 @@ def test_a_user_namespace_address_is_never_dialled_from_the_node(exporter, tmp_p
             poll(lambda: _answers(victim.address, port), what="the victim's server")
             seen.write_text("")
             e = exporter(config=FAST_REMEMBERING + "engine_metrics: {interval: 0.2s, timeout: 1s}\n")
-            claim = (f"ip addr add {victim.address}/32 dev lo && ip link set lo up && exec {PYTHON} -c "
-                     f"'{RECORDER}' {seen}.attacker {port} -m vllm.entrypoints.openai.api_server --port {port}")
+            vllm = " ".join(posing_as(shared_dir, "vllm", RECORDER, python=PYTHON))
+            claim = (f"ip addr add {victim.address}/32 dev lo && ip link set lo up && exec {vllm} serve --port {port} "
+                     f"{seen}.attacker {port}")
             neighbour = subprocess.Popen([*NOBODY, "unshare", "--user", "--map-root-user", "--net", "--", "sh", "-c",
                                           claim], cwd=shared_dir)
             try:
@@ -150,7 +149,7 @@ def test_a_user_namespace_address_is_never_dialled_from_the_node(exporter, tmp_p
 
 
 @pytest.mark.root
-def test_discovered_servers_are_capped_per_user_and_in_all(tmp_path: Path) -> None:
+def test_discovered_servers_are_capped_per_user_and_in_all(tmp_path: Path, shared_dir: Path) -> None:
     """8 sleeping processes of one user with an engine's argv (the 200 of docs/research/audit-2026-12-01.md #3,
     scaled): 5 are watched (its cap), the rest counted skipped and logged once; root's own servers beside them are
     still found until the cap in all. On a node of its own (support.cluster): the exporter sees no other process of
@@ -161,9 +160,9 @@ def test_discovered_servers_are_capped_per_user_and_in_all(tmp_path: Path) -> No
         config = FAST_REMEMBERING.replace("forget_after: 30s", "forget_after: 30s, max_servers: 7, "
                                           "max_servers_per_user: 5")
         e = Exporter(node.tmp, config=config, listen_host="0.0.0.0", prefix=node.prefix(), url_host=node.address)
-        ports = list(range(41001, 41012))
+        ports, sleeping = list(range(41001, 41012)), sleeper(shared_dir)
         for i, port in enumerate(ports):
-            subprocess.Popen([*node.prefix(), *(NOBODY if i < 8 else []), *SLEEPER, str(port)],
+            subprocess.Popen([*node.prefix(), *(NOBODY if i < 8 else []), *sleeping, str(port)],
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
         def watched(s: Scrape) -> set[int]:

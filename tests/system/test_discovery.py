@@ -19,6 +19,7 @@ from support import transcripts as t
 from support.clock import Clock
 from support.configs import FAST, FAST_REMEMBERING
 from support.harness import LOADED_MACHINE, NOBODY, Engine, Exporter, Scrape, free_port, poll, require
+from support.programs import SYSTEM_PYTHON, posing_as
 from support.transcripts import llamacpp_healthy, sglang_until_shards
 from support.watchers import candidate, watcher
 
@@ -104,10 +105,11 @@ time.sleep(3600)
 # command after `--`: the real server, on another port.
 
 
-def exec_when(go: Path) -> str:
-    """A Python program that waits until `go` exists, then execs the command after its `--`."""
-    return (f"import os, sys, time\nwhile not os.path.exists({str(go)!r}):\n    time.sleep(0.05)\n"
-            "rest = sys.argv[sys.argv.index('--') + 1:]\nos.execv(rest[0], rest)\n")
+def exec_when(go: Path, script: Path) -> Path:
+    """`script`: a Python program that waits until `go` exists, then execs the command after its `--`."""
+    script.write_text(f"import os, sys, time\nwhile not os.path.exists({str(go)!r}):\n    time.sleep(0.05)\n"
+                      "rest = sys.argv[sys.argv.index('--') + 1:]\nos.execv(rest[0], rest)\n")
+    return script
 
 
 
@@ -217,10 +219,9 @@ def test_roles_are_capped_and_their_cpu_never_goes_down(exporter, tmp_path: Path
     series per title. The roles stop at 64 plus `other`, and the CPU of the children that exited stays counted, so no
     `stallwatch_process_cpu_seconds_total` counter ever goes down."""
     e = exporter(config=FAST)
-    script, release, done = tmp_path / "titles.py", tmp_path / "release", tmp_path / "done"
-    script.write_text(MANY_TITLES)
+    release, done = tmp_path / "release", tmp_path / "done"
     port = free_port()
-    proc = subprocess.Popen([sys.executable, str(script), "sglang.launch_server", "--port", str(port), str(release),
+    proc = subprocess.Popen([*posing_as(tmp_path, "sglang", MANY_TITLES), "serve", "--port", str(port), str(release),
                              str(done)])
     name = f"sglang-{port}"
 
@@ -258,14 +259,13 @@ def test_swapped_stdout_never_exports_a_root_only_file(exporter, shared_dir: Pat
     secret = shared_dir / "secret"
     secret.write_text(sglang_until_shards(tp=1))  # lines that would move the phase and shard gauges
     secret.chmod(0o600)
-    (shared_dir / "swapper.py").write_text(SWAPPER)
     out, trigger, swapped = shared_dir / "out.log", shared_dir / "trigger", shared_dir / "swapped"
     port = free_port()
     e = exporter(config=FAST)
     out.touch()
     os.chown(out, 65534, 65534)
     with open(out, "ab") as stdout:
-        proc = subprocess.Popen([*NOBODY, "/usr/bin/python3", str(shared_dir / "swapper.py"), "sglang.launch_server",
+        proc = subprocess.Popen([*NOBODY, *posing_as(shared_dir, "sglang", SWAPPER, python=SYSTEM_PYTHON), "serve",
                                  "--port", str(port), str(out), str(secret), str(trigger), str(swapped)],
                                 env={"PATH": "/usr/bin:/bin"}, stdin=subprocess.DEVNULL, stdout=stdout,
                                 stderr=subprocess.STDOUT)
@@ -333,8 +333,7 @@ def test_a_main_process_that_execs_is_read_anew(exporter, engine, tmp_path: Path
     e = exporter(config=FAST_REMEMBERING)
     first, go = free_port(), tmp_path / "exec"
     sim = engine("vllm", t.vllm_healthy(tp=1), final="serve", tp=1, work={"running": 0, "waiting": 0},
-                 prefix=[sys.executable, "-c", exec_when(go), "-m", "vllm.entrypoints.openai.api_server", "--port",
-                         str(first), "--"])
+                 prefix=[sys.executable, str(exec_when(go, tmp_path / "vllm")), "serve", "--port", str(first), "--"])
     name = f"vllm-{first}"
     e.wait_for(lambda s: s.value("stallwatch_server_up", server=name) == 1, what="the process before its exec")
     go.touch()

@@ -165,7 +165,7 @@ def _server(r: Reader, node: yaml.Node, path: str, defaults: Defaults) -> Server
         match = r.mapping(keys["match"], f"{path}.match", {"cmdline"})
         if "cmdline" in match:
             cmdline = r.scalar(match["cmdline"], f"{path}.match.cmdline", command_regex)
-    if cmdline is None and ENGINES[engine].cmdline is None:
+    if cmdline is None and ENGINES[engine].program is None:
         raise r.fail(node, f"{path}.match.cmdline", f"required for engine {engine!r}")
     probe = Probe(**dataclasses.asdict(defaults.probe))
     gpus = None

@@ -52,7 +52,42 @@ class Candidate:
     ppid: int
     create_time: float
     argv: tuple[str, ...]
-    cmdline: str  # argv joined by spaces, what config and engine matchers see
+    cmdline: str  # argv joined by spaces, what a configured `match.cmdline` sees
+
+    @property
+    def invocation(self) -> str:
+        """What an engine's `program` pattern sees: `invocation(argv)`."""
+        return invocation(self.argv)
+
+
+# A Python interpreter's name (`python`, `python3.12`, `pypy3`), and its options: the ones taking the next argument
+# (`-W default`) and one naming the module it runs, after option letters that take none (`-um vllm...`).
+_INTERPRETER = re.compile(r"(?:python|pypy)(?:\d+(?:\.\d+)*)?[dmw]?")
+_OPTION_WITH_VALUE = re.compile(r"-[BbdEhIiOPqRsSuVv]*[WX]$|--check-hash-based-pycs$")
+_MODULE_OPTION = re.compile(r"-[BbdEhIiOPqRsSuVv]*m(.*)")
+
+
+def invocation(argv: tuple[str, ...] | list[str]) -> str:
+    """The program a process runs and its arguments, joined by spaces: argv[0], or for a Python interpreter the
+    module after `-m` or the script it is given. A debugger, tracer, editor or launcher given a server's path
+    (`gdb --args llama-server`, `strace -f vllm serve`, `sh -c '... exec python -m sglang.launch_server'`) runs
+    itself, not the server (the server is the process it starts)."""
+    if not argv:
+        return ""
+    if _INTERPRETER.fullmatch(argv[0].rsplit("/", 1)[-1]):
+        rest = iter(range(1, len(argv)))
+        for i in rest:
+            arg = argv[i]
+            module = _MODULE_OPTION.fullmatch(arg)
+            if module:
+                return " ".join((module.group(1), *argv[i + 1:]) if module.group(1) else argv[i + 1:])
+            if arg.startswith("-c") or arg == "-":
+                break  # inline code or stdin: the interpreter's own
+            if _OPTION_WITH_VALUE.match(arg):
+                next(rest, None)
+            elif not arg.startswith("-"):
+                return " ".join(argv[i:])
+    return " ".join(argv)
 
 
 def scan() -> list[Candidate]:

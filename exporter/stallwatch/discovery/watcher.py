@@ -29,28 +29,17 @@ log = logging.getLogger(__name__)
 LIVENESS_SECONDS = 1.0  # how soon a vanished main process turns the phase to stopped or failed
 
 
-def _roots(candidates: Iterable[Candidate], pattern: re.Pattern[str], own_arguments: bool = False) -> list[Candidate]:
-    """Matching processes whose parent does not match too (forked workers keep their parent's argv). With
-    `own_arguments`, only where the match begins in an argument without whitespace: not inside a script a shell
-    or `su` is given (`sh -c 'sleep 3; exec python -m sglang.launch_server --port 40000'`), whose process is not
-    the server and whose port is not parsed; the server is the process that script execs."""
-    matched = [c for c in candidates if _matches(pattern, c, own_arguments)]
+def _roots(candidates: Iterable[Candidate], matches: Callable[[Candidate], bool]) -> list[Candidate]:
+    """Matching processes whose parent does not match too (forked workers keep their parent's argv)."""
+    matched = [c for c in candidates if matches(c)]
     pids = {c.pid for c in matched}
     return [c for c in matched if c.ppid not in pids]
 
 
-def _matches(pattern: re.Pattern[str], candidate: Candidate, own_arguments: bool) -> bool:
-    if not own_arguments:
-        return pattern.search(candidate.cmdline) is not None
-    ends, end = [], -1
-    for arg in candidate.argv:
-        end += len(arg) + 1
-        ends.append((end, arg))
-    for found in pattern.finditer(candidate.cmdline):
-        arg = next(a for e, a in ends if found.start() <= e)
-        if not any(ch.isspace() for ch in arg):
-            return True
-    return False
+def _runs(program: re.Pattern[str]) -> Callable[[Candidate], bool]:
+    """Whether a process runs the engine's program: not a shell, debugger or launcher given its path or a script
+    that names it (`processes.invocation`), whose port is not the server's; the server is the process it starts."""
+    return lambda candidate: program.match(candidate.invocation) is not None
 
 
 class Watcher:
@@ -90,18 +79,22 @@ class Watcher:
         claimed: set[int] = set()
         changed = False
         for server in self._configured:
-            pattern = server.spec.cmdline or server.engine.cmdline
-            assert pattern is not None  # config validation guarantees one
-            roots = [c for c in _roots(candidates, pattern) if c.pid not in claimed]
+            pattern = server.spec.cmdline
+            if pattern is not None:
+                roots = _roots(candidates, lambda c, p=pattern: p.search(c.cmdline) is not None)
+            else:
+                assert server.engine.program is not None  # config validation guarantees one
+                roots = _roots(candidates, _runs(server.engine.program))
+            roots = [c for c in roots if c.pid not in claimed]
             if roots:
                 claimed.add(roots[0].pid)
                 changed |= self._attach(server, roots[0])
         self._skipping = 0
         if self.config.discovery.enabled:
             for engine in ENGINES.values():
-                if engine.cmdline is None:
+                if engine.program is None:
                     continue
-                for root in _roots(candidates, engine.cmdline, own_arguments=True):
+                for root in _roots(candidates, _runs(engine.program)):
                     if root.pid not in claimed:
                         claimed.add(root.pid)
                         changed |= self._discovered(engine, root)

@@ -183,8 +183,9 @@ class MultiNode:
 @dataclass(frozen=True)
 class Engine:
     name: str
-    # Regex on the main process's full command line (argv joined by spaces); None: never auto-discovered.
-    cmdline: re.Pattern[str] | None
+    # Regex matched at the start of what the main process runs (`discovery.processes.invocation`: argv[0], or a
+    # Python interpreter's module or script, and the arguments after it); None: never auto-discovered.
+    program: re.Pattern[str] | None
     default_port: int | None
     default_host: str = "127.0.0.1"
     health_path: str = "/health"

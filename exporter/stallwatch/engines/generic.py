@@ -2,4 +2,4 @@
 
 from stallwatch.engines.base import Engine
 
-ENGINE = Engine(name="generic", cmdline=None, default_port=None)
+ENGINE = Engine(name="generic", program=None, default_port=None)

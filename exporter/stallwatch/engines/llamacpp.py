@@ -7,7 +7,7 @@ from stallwatch.engines.base import Engine, MetricsSpec, rule
 
 ENGINE = Engine(
     name="llamacpp",
-    cmdline=re.compile(r"(?:^|/)llama-server(?:\s|$)"),
+    program=re.compile(r"(?:\S*/)?llama-server(?:\s|$)"),
     default_port=8080,
     model_flags=("--model", "-m", "--hf-repo", "-hf"),
     # ggml-org/llama.cpp `tools/server/server.cpp` metrics handler, only with `--metrics`: it posts a task to the main

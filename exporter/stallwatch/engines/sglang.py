@@ -8,7 +8,7 @@ from stallwatch.engines.base import CHECKPOINT_SHARDS, Engine, MetricsSpec, Mult
 
 ENGINE = Engine(
     name="sglang",
-    cmdline=re.compile(r"sglang\.launch_server|(?:^|/)sglang serve\b"),
+    program=re.compile(r"sglang\.launch_server\b|(?:\S*/)?sglang serve\b"),
     default_port=30000,
     role_title=re.compile(r"^sglang::(?P<role>[A-Za-z0-9_]+)"),
     shards=CHECKPOINT_SHARDS,

@@ -7,7 +7,7 @@ from stallwatch.engines.base import Engine, MetricsSpec, heartbeats, rule
 
 ENGINE = Engine(
     name="tgi",
-    cmdline=re.compile(r"(?:^|/)text-generation-launcher\b"),
+    program=re.compile(r"(?:\S*/)?text-generation-launcher\b"),
     default_port=3000,
     default_host="0.0.0.0",
     role_title=re.compile(r"(?:^|/)text-generation-(?P<role>server|router)\b"),

@@ -17,7 +17,7 @@ from stallwatch.engines.base import (
 
 ENGINE = Engine(
     name="vllm",
-    cmdline=re.compile(r"vllm\.entrypoints\.openai\.api_server|(?:^|/)vllm serve\b"),
+    program=re.compile(r"vllm\.entrypoints\.openai\.api_server\b|(?:\S*/)?vllm serve\b"),
     default_port=8000,
     default_host="0.0.0.0",
     role_title=re.compile(r"^VLLM::(?P<role>[A-Za-z0-9_]+)"),

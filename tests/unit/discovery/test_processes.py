@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from stallwatch.discovery.processes import MAX_ROLES, OTHER_ROLE, CpuLedger, ProcessTable, ProcSample
+import pytest
+
+from stallwatch.discovery.processes import MAX_ROLES, OTHER_ROLE, CpuLedger, ProcessTable, ProcSample, invocation
 from support.clock import Clock
 
 
@@ -127,3 +129,28 @@ def test_a_role_keeps_its_place_after_its_processes_exit() -> None:
     ledger.cap([_sample(i, f"role{i}", 1.0) for i in range(2, 2 + MAX_ROLES)])
     assert ledger.roles == {"early"} | {f"role{i}" for i in range(2, 1 + MAX_ROLES)}
     assert [s.role for s in ledger.cap([_sample(1, "early", 2.0)])] == ["early"]
+
+
+@pytest.mark.parametrize(("argv", "runs"), [
+    (["/opt/llama/bin/llama-server", "-m", "m.gguf"], "/opt/llama/bin/llama-server -m m.gguf"),
+    (["python3", "-m", "sglang.launch_server", "--port", "1"], "sglang.launch_server --port 1"),
+    (["/usr/bin/python3.12", "-u", "-W", "ignore", "-X", "dev", "-m", "vllm.entrypoints.openai.api_server"],
+     "vllm.entrypoints.openai.api_server"),
+    (["python", "-um", "sglang.launch_server"], "sglang.launch_server"),
+    (["python3", "-msglang.launch_server", "--tp", "8"], "sglang.launch_server --tp 8"),
+    # A console script run by its shebang: the interpreter is given the script.
+    (["/usr/bin/python3", "/usr/local/bin/vllm", "serve", "m"], "/usr/local/bin/vllm serve m"),
+    (["pypy3", "-O", "serve.py", "-m", "x"], "serve.py -m x"),
+    # The interpreter's own code: nothing it is given is the program.
+    (["python3", "-c", "import os; os.execvp('llama-server', ['llama-server'])"],
+     "python3 -c import os; os.execvp('llama-server', ['llama-server'])"),
+    # Tools given a server's path run themselves.
+    (["gdb", "--args", "/opt/llama-server", "-m", "m"], "gdb --args /opt/llama-server -m m"),
+    (["strace", "-f", "vllm", "serve", "m"], "strace -f vllm serve m"),
+    (["sh", "-c", "exec python -m sglang.launch_server"], "sh -c exec python -m sglang.launch_server"),
+    ([], ""),
+])
+def test_invocation_is_the_program_a_process_runs(argv: list[str], runs: str) -> None:
+    """argv[0], or a Python interpreter's module or script: what an engine's `program` pattern matches from its
+    start, so that a tool given a server's path is not that server."""
+    assert invocation(argv) == runs
