@@ -43,7 +43,8 @@ def build(config: Config, flags: Mapping[str, bool | None]) -> Runtime:
     pages, logs = _section(on, "engine_metrics", EngineMetricsSettings), _section(on, "logs", LogsSettings)
     runtime = Runtime(
         config, watcher,
-        nvml=Nvml(gpu.sample_interval, gpu.timeout) if gpu else None,
+        nvml=Nvml(gpu.sample_interval, gpu.timeout, rootfs=config.paths.rootfs, procfs=config.paths.procfs,
+                  asked="gpu" in collectors.asked(config, flags)) if gpu else None,
         probes=ProbeManager(config.paths.procfs, probe.enter_netns) if probe else None,
         engine_pages=EnginePageManager(pages.interval, pages.timeout) if pages else None,
         logs=LogManager(watcher, logs.poll_interval) if logs else None,
@@ -67,7 +68,7 @@ def oneshot(config: Config) -> Runtime:
     pages, gpu = config.collector("engine_metrics", EngineMetricsSettings), config.collector("gpu", GpuSettings)
     return Runtime(
         config, watcher,
-        nvml=Nvml(gpu.sample_interval, gpu.timeout),
+        nvml=Nvml(gpu.sample_interval, gpu.timeout, rootfs=config.paths.rootfs, procfs=config.paths.procfs),
         probes=ProbeManager(config.paths.procfs, config.collector("probe", ProbeSettings).enter_netns),
         engine_pages=EnginePageManager(pages.interval, pages.timeout),
         logs=LogManager(watcher, config.collector("logs", LogsSettings).poll_interval, replay_events=True))

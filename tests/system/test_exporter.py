@@ -93,6 +93,30 @@ def test_no_nvml_reports_down_and_logs_once(exporter) -> None:
     assert e.log.read_text().count("NVML unavailable") == 1
 
 
+@pytest.mark.parametrize("devices", [(), ("nvidiactl", "nvidia0")])
+def test_a_node_without_an_nvidia_gpu_is_told_from_a_broken_gpu_node(exporter, tmp_path: Path,
+                                                                     devices: tuple[str, ...]) -> None:
+    """NVML's library missing under a `--path.rootfs` whose /dev shows no NVIDIA device: nvml_expected 0 and one info
+    line saying how to turn the collector off, nothing more on the retries; with NVIDIA device nodes there, a GPU node
+    whose driver is broken: nvml_expected 1 and one warning."""
+    if not devices and Path("/proc/driver/nvidia").is_dir():
+        pytest.skip("this host's procfs shows the NVIDIA driver: every node it runs is a GPU node")
+    root = tmp_path / "host"
+    (root / "dev").mkdir(parents=True)
+    for name in ("null", "zero", *devices):
+        (root / "dev" / name).touch()
+    e = exporter(nvml={"missing": True}, args=(f"--path.rootfs={root}",))
+    scrape = e.wait_for(lambda s: s.value("stallwatch_nvml_up") is not None and s, what="the first NVML survey")
+    assert (scrape.value("stallwatch_nvml_up"), scrape.value("stallwatch_nvml_expected")) == (0, 1 if devices else 0)
+    time.sleep(3.5)  # the backoff's retries at 1 s and 2 s log nothing above debug
+    said = [line for line in e.log.read_text().splitlines() if " stallwatch.signals.nvml: " in line]
+    assert len(said) == 1, said
+    if devices:
+        assert " WARNING " in said[0]
+    else:
+        assert " INFO " in said[0] and "no NVIDIA GPU" in said[0] and "--no-collector.gpu" in said[0]
+
+
 def test_eight_idle_gpus(exporter) -> None:
     e = exporter(nvml={"driver": "550.54.15", "gpus": gpus(8, used=76e9, util=0)})
     scrape = e.wait_for(lambda s: len(s.samples("stallwatch_gpu_busy_seconds_total")) == 8 and s)

@@ -115,6 +115,12 @@ def enabled(config: Config, flags: Mapping[str, bool | None]) -> dict[str, Colle
     return out
 
 
+def asked(config: Config, flags: Mapping[str, bool | None]) -> set[str]:
+    """The collectors that are on because they were asked for by name, not by default: `--collector.<name>`, or
+    `<name>: {enabled: true}` in the file."""
+    return {name for name in enabled(config, flags) if flags.get(name) or name in config.enabled_in_file}
+
+
 def build(runtime: Runtime) -> StallwatchCollector:
     """The root collector over the collectors that are on (`runtime.collectors`), each built from the runtime
     and its settings."""

@@ -40,6 +40,9 @@ CATALOG: dict[str, Family] = {
     "server_gpu_memory_used_bytes": Family(
         "gauge", "GPU memory held by the server's processes on that GPU, bytes.", ("server", *GPU)),
     "nvml_up": Family("gauge", "1 when the NVIDIA driver library answered, 0 when unavailable.", ()),
+    "nvml_expected": Family(
+        "gauge", "1 when NVML is expected to answer (the node shows an NVIDIA device or driver, or the GPU collector "
+        "was asked for by name), 0 on a node that shows no NVIDIA GPU.", ()),
     # GPU health: each only where the GPU supports it (absent, never zero, otherwise)
     "gpu_power_watts": Family("gauge", "Power the GPU draws, watts.", GPU),
     "gpu_power_limit_watts": Family("gauge", "Power limit the driver enforces on the GPU, watts.", GPU),

@@ -30,13 +30,14 @@ class GpuCollector:
         self.nvml, self.watcher, self.xid = nvml, watcher, xid
 
     def collect(self) -> Iterator[Metric]:
-        nvml_up = family("nvml_up")
+        nvml_up, expected = family("nvml_up"), family("nvml_expected")
         found = self.nvml.read_devices()  # the readers' last readings: no NVML call in a scrape
         if found.broken:
             raise RuntimeError("; ".join(found.broken))
         if found.known:
             nvml_up.add_metric([], 1.0 if found.up else 0.0)
-        yield nvml_up
+            expected.add_metric([], 1.0 if found.expected else 0.0)
+        yield from (nvml_up, expected)
         if not found.up:
             return
         info, up = family("gpu_info"), family("gpu_up")

@@ -128,6 +128,8 @@ class Config:
     paths: Paths = Paths()
     web: Web = Web()
     collectors: Mapping[str, CollectorSettings] = field(default_factory=dict)  # by collector name
+    # The collectors whose section in the file sets `enabled` (rather than leaving it to the default).
+    enabled_in_file: frozenset[str] = frozenset()
     file: str = field(default="<defaults>", compare=False)
 
     def collector(self, name: str, settings: type[S]) -> S:
@@ -213,8 +215,14 @@ def parse(text: str, sections: Mapping[str, type[CollectorSettings]], file: str 
         paths=r.struct(keys.get("paths"), "paths", Paths()),
         web=r.struct(keys.get("web"), "web", Web()),
         collectors={name: r.struct(keys.get(name), name, settings()) for name, settings in sections.items()},
+        enabled_in_file=frozenset(name for name in sections if _sets(keys.get(name), "enabled")),
         file=file,
     )
+
+
+def _sets(node: yaml.Node | None, key: str) -> bool:
+    """Whether a section (a mapping the reader accepted, or absent) has `key`."""
+    return isinstance(node, yaml.MappingNode) and any(k.value == key for k, _ in node.value)
 
 
 def load(path: str, sections: Mapping[str, type[CollectorSettings]]) -> Config:

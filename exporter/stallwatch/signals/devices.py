@@ -85,6 +85,7 @@ class Devices:
     up: bool
     error: str = ""
     known: bool = True  # False: not read yet (the exporter just started): nothing to say either way
+    expected: bool = True  # False: NVML is missing on a node that shows no NVIDIA GPU (`nvml.shows_nvidia_gpu`)
     driver: str = ""
     devices: list[Device] = field(default_factory=list)
     failed: list[DeviceFailure] = field(default_factory=list)

@@ -6,12 +6,18 @@ A GPU whose firmware stops answering (Xid 119/120, a GSP RPC timeout) makes each
 seconds (NVIDIA/open-gpu-kernel-modules#446; `nvidia-smi` and DCGM wedge the same way). Its reader blocks with it;
 once a read has been in flight for `timeout` (or the last one finished longer than `timeout` plus two intervals
 ago), the GPU reads as down and its values are withheld. The other GPUs, and the scrape, are unaffected.
+
+A node with no NVIDIA GPU is not a GPU node whose driver is broken: when NVML's library is not found or the driver is
+not loaded and the node shows no NVIDIA device (`shows_nvidia_gpu`), the snapshot says NVML is not expected there
+(`Devices.expected`), unless the GPU collector was asked for by name, and that is logged once at info.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -22,6 +28,7 @@ import pynvml
 from stallwatch.config import CollectorSettings
 from stallwatch.config.reader import setting
 from stallwatch.config.values import LOOP_INTERVAL, positive_duration
+from stallwatch.discovery.workload.rootfs import listdir
 from stallwatch.loops import run_every
 from stallwatch.signals.devices import BusyIntegrator, Device, DeviceFailure, Devices, as_str, read_device
 
@@ -29,6 +36,16 @@ log = logging.getLogger(__name__)
 
 MAX_BACKOFF_SECONDS = 300.0
 UNAVAILABLE = "NVML unavailable (no driver, or no access to it)"
+NO_GPU = "no NVIDIA GPU on this node (no driver, no /dev/nvidiactl or /dev/nvidia<N>, no /proc/driver/nvidia)"
+DEVICE_NODE = re.compile(r"nvidia(ctl|[0-9].*)")  # /dev/nvidiactl, /dev/nvidia0 ...; not nvidia-uvm, nvidia-caps
+
+
+def shows_nvidia_gpu(rootfs: str, procfs: str) -> bool:
+    """Whether the node shows an NVIDIA GPU or driver: a device node `/dev/nvidiactl` or `/dev/nvidia<N>` (a node
+    path, read under `rootfs`), or the driver's `driver/nvidia` under `procfs`."""
+    if any(DEVICE_NODE.fullmatch(name) for name in listdir(rootfs, "/dev")):
+        return True
+    return os.path.isdir(os.path.join(procfs, "driver", "nvidia"))
 
 
 @dataclass(frozen=True)
@@ -67,14 +84,18 @@ class Nvml:
     """Owns NVML's lifecycle and the per-GPU readers. `available()` says whether calls may be made now."""
 
     def __init__(self, sample_interval: float, timeout: float = 5.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, *, rootfs: str = "/", procfs: str = "/proc",
+                 asked: bool = False) -> None:
+        """`asked`: the GPU collector was asked for by name, so NVML is expected even where the node shows no GPU."""
         self.sample_interval, self.timeout = sample_interval, timeout
+        self.rootfs, self.procfs, self.asked = rootfs, procfs, asked
         self._clock = clock
         self._lock = threading.Lock()  # never held across an NVML call but nvmlInit/Shutdown
         self._initialised = False
         self._next_attempt = 0.0
         self._backoff = 1.0
         self._last_error: str | None = None
+        self._no_gpu = False  # the last initialisation failed on a node that shows no NVIDIA GPU
         self._busy: dict[str, BusyIntegrator] = {}  # by GPU UUID
         self._survey = _Survey()
         self._readings: dict[int, _Reading] = {}
@@ -90,19 +111,32 @@ class Nvml:
             try:
                 pynvml.nvmlInit()
             except pynvml.NVMLError as exc:
-                self._next_attempt = now + self._backoff
+                wait, self._next_attempt = self._backoff, now + self._backoff
                 self._backoff = min(self._backoff * 2, MAX_BACKOFF_SECONDS)
                 message = f"{type(exc).__name__}: {exc}"
+                no_gpu = self._shows_no_gpu(exc)
                 # Once per distinct error: a node without a driver must not fill the log.
-                level = logging.DEBUG if message == self._last_error else logging.WARNING
-                log.log(level, "NVML unavailable (%s); retrying in %.0fs", message, self._backoff)
-                self._last_error = message
+                if (message, no_gpu) == (self._last_error, self._no_gpu):
+                    log.debug("NVML unavailable (%s); retrying in %.0fs", message, wait)
+                elif no_gpu:
+                    log.info("NVML unavailable (%s) and no NVIDIA GPU on this node (no /dev/nvidiactl or "
+                             "/dev/nvidia<N> under %s, no %s/driver/nvidia): stallwatch_nvml_expected 0, no alert; "
+                             "--no-collector.gpu or gpu: {enabled: false} turns the GPU collector off",
+                             message, self.rootfs, self.procfs)
+                else:
+                    log.warning("NVML unavailable (%s); retrying in %.0fs", message, wait)
+                self._last_error, self._no_gpu = message, no_gpu
                 return False
             self._initialised = True
             self._backoff = 1.0
-            self._last_error = None
+            self._last_error, self._no_gpu = None, False
             log.info("NVML initialised")
             return True
+
+    def _shows_no_gpu(self, exc: pynvml.NVMLError) -> bool:
+        """Whether an initialisation that failed with `exc` is on a node with no NVIDIA GPU (never when asked for)."""
+        missing = isinstance(exc, (pynvml.NVMLError_LibraryNotFound, pynvml.NVMLError_DriverNotLoaded))
+        return missing and not self.asked and not shows_nvidia_gpu(self.rootfs, self.procfs)
 
     def lost(self, exc: pynvml.NVMLError) -> None:
         """A call failed in a way that calls for a fresh init (driver gone, library unloaded)."""
@@ -128,6 +162,8 @@ class Nvml:
                 return Devices(False, f"NVML did not answer within {self.timeout:g}s")
             if not survey.surveyed:
                 return Devices(False, "NVML not read yet", known=False)
+            if self._no_gpu:
+                return Devices(False, NO_GPU, expected=False)
             if not self._initialised or survey.count is None:
                 return Devices(False, survey.error)
             out = Devices(True, driver=survey.driver)

@@ -1,6 +1,7 @@
 """`Nvml`, in-process on a test clock, over the fake pynvml of tests/support/fakes (nvidia-ml-py's own NVMLError
 classes and constants, device calls read from a scenario file): the snapshot, which makes no NVML call; the backoff of
-initialisation while NVML is missing; a lost GPU and a lost driver; a reader whose read is overdue.
+initialisation while NVML is missing; a node that shows no NVIDIA GPU, told from a GPU node whose driver is broken;
+a lost GPU and a lost driver; a reader whose read is overdue.
 
 The survey and the readers are the loops `Nvml.start` hands to `run_every`: here they are kept instead of started, and
 each test runs them by name, so every read happens when the test says."""
@@ -24,7 +25,7 @@ import pytest
 from stallwatch.signals import devices as devices_module
 from stallwatch.signals import nvml as nvml_module
 from stallwatch.signals.devices import Devices
-from stallwatch.signals.nvml import MAX_BACKOFF_SECONDS, UNAVAILABLE, Nvml
+from stallwatch.signals.nvml import MAX_BACKOFF_SECONDS, NO_GPU, UNAVAILABLE, Nvml
 from support.clock import Clock
 from support.harness import gpus
 from support.paths import FAKES
@@ -71,9 +72,46 @@ def fake_nvml(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> FakeNvml:
     return fake_nvml
 
 
-def _started(fake_nvml: FakeNvml, clock: Clock, timeout: float = 5.0, sample_interval: float = 1.0) -> Nvml:
+class Node:
+    """A node's root and procfs under tmp_path, with none of NVIDIA's device nodes or driver files until `show`."""
+
+    def __init__(self, base: Path) -> None:
+        self.rootfs, self.procfs = base / "host", base / "host" / "proc"
+        (self.rootfs / "dev").mkdir(parents=True)
+        self.procfs.mkdir()
+        for name in ("null", "zero", "tty0", "nvme0", "nvme0n1"):  # what every node has, and near-misses
+            (self.rootfs / "dev" / name).touch()
+
+    def show(self, path: str) -> None:
+        """Make a node path: `dev/nvidia0` a file under the root, `proc/driver/nvidia` a folder under procfs."""
+        target = self.rootfs / path
+        if path.startswith("proc/"):
+            target.mkdir(parents=True)
+        else:
+            target.touch()
+
+    def nvml(self, clock: Clock, timeout: float = 5.0, sample_interval: float = 1.0, asked: bool = False) -> Nvml:
+        return Nvml(sample_interval, timeout, clock=clock, rootfs=str(self.rootfs), procfs=str(self.procfs),
+                    asked=asked)
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Node:
+    return Node(tmp_path)
+
+
+@pytest.fixture
+def gpu_node(node: Node) -> Node:
+    """A GPU node: its device nodes and the driver's procfs folder are there, whatever NVML says."""
+    for path in ("dev/nvidiactl", "dev/nvidia0", "dev/nvidia1", "proc/driver/nvidia"):
+        node.show(path)
+    return node
+
+
+def _started(fake_nvml: FakeNvml, clock: Clock, timeout: float = 5.0, sample_interval: float = 1.0,
+             node: Node | None = None) -> Nvml:
     """An Nvml whose survey has run once (its readers are known, none has read yet)."""
-    nvml = Nvml(sample_interval, timeout, clock=clock)
+    nvml = node.nvml(clock, timeout, sample_interval) if node else Nvml(sample_interval, timeout, clock=clock)
     nvml.start()
     fake_nvml.run("NVML survey")
     return nvml
@@ -125,17 +163,129 @@ def test_the_snapshot_makes_no_nvml_call(fake_nvml: FakeNvml, monkeypatch: pytes
     assert nvml.read_devices() == before
 
 
-def test_a_survey_without_nvml_reads_as_unavailable(fake_nvml: FakeNvml) -> None:
-    """With no driver or library the snapshot is down (known), saying NVML is unavailable, and no reader starts."""
+def test_a_survey_without_nvml_reads_as_unavailable(fake_nvml: FakeNvml, gpu_node: Node) -> None:
+    """With no driver or library on a GPU node the snapshot is down (known), saying NVML is unavailable, NVML is
+    expected there, and no reader starts."""
     fake_nvml.update(missing=True)
-    nvml = _started(fake_nvml, Clock())
+    nvml = _started(fake_nvml, Clock(), node=gpu_node)
     found = nvml.read_devices()
-    assert (found.up, found.known, found.error) == (False, True, UNAVAILABLE)
+    assert (found.up, found.known, found.expected, found.error) == (False, True, True, UNAVAILABLE)
     assert sorted(fake_nvml.loops) == ["NVML survey"]
 
 
+def _failing_init(fake_nvml: FakeNvml, monkeypatch: pytest.MonkeyPatch, error: str) -> None:
+    """nvmlInit raises nvidia-ml-py's own class for NVML_ERROR_<error>, as the real library does."""
+    code = getattr(fake_nvml.fake, f"NVML_ERROR_{error}")
+
+    def init() -> None:
+        raise fake_nvml.fake.NVMLError(code)
+
+    monkeypatch.setattr(fake_nvml.fake, "nvmlInit", init)
+
+
+def _said(caplog: pytest.LogCaptureFixture, level: int) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno == level]
+
+
+@pytest.mark.parametrize(("error", "raised"), [("LIBRARY_NOT_FOUND", "NVMLError_LibraryNotFound"),
+                                               ("DRIVER_NOT_LOADED", "NVMLError_DriverNotLoaded")])
+def test_a_node_that_shows_no_nvidia_gpu_does_not_expect_nvml(
+        fake_nvml: FakeNvml, node: Node, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+        error: str, raised: str) -> None:
+    """No driver library or no driver, and no /dev/nvidiactl, /dev/nvidia<N> or /proc/driver/nvidia under the
+    configured roots: a CPU-only node. The snapshot is down but not expected, says there is no GPU, and that is
+    logged once at info with how to turn the collector off; the backoff's retries log nothing above debug."""
+    caplog.set_level(logging.DEBUG, logger="stallwatch.signals.nvml")
+    _failing_init(fake_nvml, monkeypatch, error)
+    clock = Clock(0.0)
+    nvml = _started(fake_nvml, clock, node=node)
+    for _ in range(4):
+        found = nvml.read_devices()
+        assert (found.up, found.known, found.expected, found.error) == (False, True, False, NO_GPU)
+        clock.now += MAX_BACKOFF_SECONDS
+        fake_nvml.run("NVML survey")
+    assert _said(caplog, logging.WARNING) == []
+    [info] = _said(caplog, logging.INFO)
+    assert raised in info and "no NVIDIA GPU on this node" in info
+    assert "--no-collector.gpu" in info and "gpu: {enabled: false}" in info
+    assert len(_said(caplog, logging.DEBUG)) == 4  # the retries
+
+
+@pytest.mark.parametrize("shown", ["dev/nvidiactl", "dev/nvidia0", "dev/nvidia7", "proc/driver/nvidia"])
+@pytest.mark.parametrize("error", ["LIBRARY_NOT_FOUND", "DRIVER_NOT_LOADED"])
+def test_a_gpu_node_whose_driver_is_broken_expects_nvml(
+        fake_nvml: FakeNvml, node: Node, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+        shown: str, error: str) -> None:
+    """The same NVML errors on a node that shows any one NVIDIA device node or the driver's procfs folder: a GPU
+    node whose driver is broken. NVML is expected (so StallwatchNvmlDown fires) and the failure is a warning."""
+    caplog.set_level(logging.INFO, logger="stallwatch.signals.nvml")
+    _failing_init(fake_nvml, monkeypatch, error)
+    node.show(shown)
+    found = _started(fake_nvml, Clock(), node=node).read_devices()
+    assert (found.up, found.known, found.expected, found.error) == (False, True, True, UNAVAILABLE)
+    assert len(_said(caplog, logging.WARNING)) == 1 and _said(caplog, logging.INFO) == []
+
+
+def test_other_nvml_failures_on_a_node_without_devices_still_expect_nvml(
+        fake_nvml: FakeNvml, node: Node, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only a missing library or driver says "no GPU": NVML that is there but refuses (no permission, a library that
+    does not match the kernel module) is broken whatever /dev shows."""
+    for error in ("NO_PERMISSION", "LIB_RM_VERSION_MISMATCH", "UNKNOWN"):
+        _failing_init(fake_nvml, monkeypatch, error)
+        found = _started(fake_nvml, Clock(), node=node).read_devices()
+        assert (found.up, found.expected, found.error) == (False, True, UNAVAILABLE), error
+
+
+def test_a_gpu_collector_asked_for_by_name_expects_nvml_on_any_node(
+        fake_nvml: FakeNvml, node: Node, caplog: pytest.LogCaptureFixture) -> None:
+    """`--collector.gpu` or `gpu: {enabled: true}` says the node has GPUs: no NVML there is a failure, warned."""
+    caplog.set_level(logging.INFO, logger="stallwatch.signals.nvml")
+    fake_nvml.update(missing=True)
+    nvml = node.nvml(Clock(), asked=True)
+    nvml.start()
+    fake_nvml.run("NVML survey")
+    found = nvml.read_devices()
+    assert (found.up, found.expected, found.error) == (False, True, UNAVAILABLE)
+    assert len(_said(caplog, logging.WARNING)) == 1 and _said(caplog, logging.INFO) == []
+
+
+def test_a_node_whose_driver_comes_is_expected_from_the_next_attempt(
+        fake_nvml: FakeNvml, node: Node, caplog: pytest.LogCaptureFixture) -> None:
+    """The node is looked at again at each initialisation attempt: device nodes that appear (the driver installed,
+    NVML still failing) make NVML expected and warned; once NVML answers, it is up and expected."""
+    caplog.set_level(logging.INFO, logger="stallwatch.signals.nvml")
+    fake_nvml.update(missing=True)
+    clock = Clock(0.0)
+    nvml = _started(fake_nvml, clock, node=node)
+    assert nvml.read_devices().expected is False
+    node.show("dev/nvidiactl")
+    fake_nvml.run("NVML survey")  # within the backoff: no attempt, nothing looked at
+    assert nvml.read_devices().expected is False
+    clock.now += 1.0
+    fake_nvml.run("NVML survey")
+    found = nvml.read_devices()
+    assert (found.up, found.expected, found.error) == (False, True, UNAVAILABLE)
+    assert len(_said(caplog, logging.INFO)) == 1 and len(_said(caplog, logging.WARNING)) == 1
+    fake_nvml.update(missing=False)
+    clock.now += 2.0
+    fake_nvml.run("NVML survey")
+    found = nvml.read_devices()
+    assert (found.up, found.expected) == (True, True)
+
+
+def test_the_node_is_read_under_its_root_not_the_exporters_own(fake_nvml: FakeNvml, node: Node) -> None:
+    """In a container with the node's root at /host, a node path that is a link is followed inside that root: a
+    `/dev` that links to the absolute `/devices` finds the node's devices there, not the exporter's own."""
+    fake_nvml.update(missing=True)
+    dev = node.rootfs / "dev"
+    dev.rename(node.rootfs / "devices")
+    (node.rootfs / "devices" / "nvidia0").touch()
+    dev.symlink_to("/devices")
+    assert _started(fake_nvml, Clock(), node=node).read_devices().expected is True
+
+
 def test_initialisation_is_retried_with_a_backoff_that_doubles_to_its_cap(
-        fake_nvml: FakeNvml, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+        fake_nvml: FakeNvml, gpu_node: Node, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     """While NVML is missing, nvmlInit is tried 1, 2, 4 ... s apart, never more than MAX_BACKOFF_SECONDS, and the
     failure is logged as a warning once."""
     caplog.set_level(logging.DEBUG, logger="stallwatch.signals.nvml")
@@ -149,7 +299,7 @@ def test_initialisation_is_retried_with_a_backoff_that_doubles_to_its_cap(
         real_init()
 
     monkeypatch.setattr(fake_nvml.fake, "nvmlInit", init)
-    nvml = Nvml(1.0, clock=clock)
+    nvml = gpu_node.nvml(clock)
     gaps = [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, MAX_BACKOFF_SECONDS, MAX_BACKOFF_SECONDS]
     assert nvml.available() is False
     for gap in gaps:
