@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
 import pytest
 import yaml
 
+from stallwatch.report.model import SCHEMA as SCHEMA_PATH
 from stallwatch.report.model import (
     DeploymentInfo,
     EngineInfo,
@@ -30,6 +32,7 @@ from stallwatch.report.verdict import verdict
 from stallwatch.signals.xid import xid_class
 from support.paths import ROOT
 
+SCHEMA = json.loads(SCHEMA_PATH.read_text())
 CASES = yaml.safe_load((ROOT / "rules" / "tests" / "verdict.cases.yml").read_text())
 
 
@@ -59,7 +62,7 @@ def _xid(seen: dict[str, Any]) -> XidInfo:
 def _stacks(case: dict[str, Any]) -> tuple[list[ProcessInfo], list[StackGroup]]:
     stack = case.get("stacks")
     if stack is None:
-        return [ProcessInfo(100, "main", "S", 0.0, "")], []
+        return [ProcessInfo(100, "main", case.get("main_state", "S"), 0.0, "")], []
     roles = stack["roles"]
     thread = ThreadStack("MainThread", "idle", [Frame(stack["frame"], "engine.py:10", True)])
     processes = [ProcessInfo(100 + i, role, "S", 0.0, "") for i, role in enumerate(roles)]
@@ -86,8 +89,9 @@ def report(case: dict[str, Any]) -> ServerReport:
     return ServerReport(
         name="kimi",
         identity=Identity("sglang", "moonshotai/Kimi-K2-Instruct", "8", "host", "", "", "", "", 100, 30000,
-                          deployment),
-        phase=PhaseInfo(case["phase"], time.time() - seconds, seconds, quiet, [case["phase"]], "", 64, 64),
+                          deployment, case.get("configured", False)),
+        phase=PhaseInfo(case["phase"], time.time() - seconds, seconds, quiet, case.get("timeline", [case["phase"]]),
+                        "", 64, 64, case.get("stop_requested", False)),
         gpu=_gpus(case), window_seconds=WINDOW, processes=processes, stacks=stacks,
         port=PortInfo(30000, listening, ["127.0.0.1"] if listening else [], probes), engine_figures=_engine(case),
         log=LogInfo(["/data/sglang.log"], [], dict(case.get("events", {}))), verdict=Verdict("", ""))
@@ -105,4 +109,5 @@ def test_every_case_stands_beside_a_rules_test() -> None:
     rules_tests = yaml.safe_load((ROOT / "rules" / "tests" / "stallwatch.rules.test.yml").read_text())["tests"]
     names = {test["name"] for test in rules_tests}
     assert {case["rules"] for case in CASES} <= names
-    assert {case["expect"] for case in CASES} == {"healthy", "starting", "stalled", "failed", "down"}
+    assert {case["expect"] for case in CASES} == set(SCHEMA["$defs"]["server"]["properties"]["verdict"]["properties"]
+                                                     ["status"]["enum"])
