@@ -60,7 +60,8 @@ def render_text(report: Report) -> str:
     if report.from_exporter:
         probed = "last probe"
         note = (f"(from the running exporter at {report.from_exporter}: what it keeps of a server whose process this "
-                "look cannot see; its prober's last results, CPU and tokens over its last minute)\n")
+                "look cannot see; its prober's last results, CPU and tokens over its last minute, log lines only "
+                "with its web.show_evidence)\n")
     return terminal_safe(note + "\n".join(_server_text(s, probed) for s in report.servers))
 
 
