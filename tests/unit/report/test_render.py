@@ -8,7 +8,7 @@ import pytest
 
 from stallwatch.report.model import Report
 from stallwatch.report.render import fold_roles, parse_json, render_json, render_text
-from unit.report.test_verdict import CASES, report
+from support.reports import CASES, report
 
 
 @pytest.mark.parametrize(("roles", "text"), [
