@@ -202,9 +202,10 @@ DISCOVERY = "discovery: {interval: 1s}\n"  # the exporter's: finds the engine wi
 
 
 def _gone(e: Exporter, sim: Engine, stop_requested: float) -> None:
-    """Wait until the running exporter has seen `sim`'s main process gone, with its stop line read or not."""
+    """Wait until the running exporter has seen `sim`'s main process gone (its phase ended within a second of it),
+    with its stop line read or not."""
     sim.proc.wait(30)
-    e.wait_for(lambda s: s.value("stallwatch_server_up", server=sim.name) == 0
+    e.wait_for(lambda s: s.value("stallwatch_startup_phase", server=sim.name, phase="stopped") == 1
                and s.value("stallwatch_server_stop_requested", server=sim.name) == stop_requested,
                what=f"{sim.name} gone")
 

@@ -124,29 +124,40 @@ class _Before:
 
 def _before(server: Server, runtime: Runtime, deadline: Deadline) -> _Before:
     look = server.look()
-    return _Before(cpu_totals(look.tree), _figures(server, look, runtime, deadline))
+    return _Before(cpu_totals(look.tree), _figures(look, _page(server, runtime, deadline)))
 
 
-def _figures(server: Server, look: Look, runtime: Runtime, deadline: Deadline) -> tuple[str, Figures | None, str]:
-    """The engine's figures now: its page read now where it answers, else its stats lines' (as `look` saw them)."""
+def _page(server: Server, runtime: Runtime, deadline: Deadline) -> PageState:
+    """The engine's page read now, by `deadline`."""
     page = required(runtime.engine_pages, "engine_metrics").read_now(server, deadline.left())
-    figures = Figures(*page.figures, at=time.time()) if page.figures is not None else None
-    return (*figures_of(look, PageState(server.name, page.up, figures)), page.error)
+    return PageState(server.name, page.up, Figures(*page.figures, at=time.time()) if page.figures is not None else None,
+                     error=page.error)
+
+
+def _figures(look: Look, page: PageState) -> tuple[str, Figures | None, str]:
+    """The engine's figures: its page's where it answered, else its stats lines' (as `look` saw them)."""
+    return (*figures_of(look, page), page.error)
 
 
 def _observe(server: Server, runtime: Runtime, before: _Before, window: float,
              deadline: Deadline) -> tuple[Look, Observation]:
+    """The server after the window. Its stacks and its page are taken while it is probed, all by `deadline`: a probe
+    that waits it out leaves them their time."""
     prober = required(runtime.probes, "probe")
-    # First: a probe that answers makes the phase `serving`, as in the exporter.
-    probes = [probe_info(target.probe.url, *prober.probe_now(target, server, deadline.left()))
-              for target in server.launch.probes]
-    look = server.look()
-    source, figures, error = _figures(server, look, runtime, deadline)
-    processes = processes_since(look.tree, before.cpu, runtime.config.paths.procfs)
+    processes = processes_since(server.look().tree, before.cpu, runtime.config.paths.procfs)
+    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="diagnose look") as pool:
+        taken = pool.submit(stacks, processes, deadline.left())
+        page = pool.submit(_page, server, runtime, deadline)
+        # A probe that answers makes the phase `serving`, as in the exporter: before the look the report is of.
+        probes = [probe_info(target.probe.url, *prober.probe_now(target, server, deadline.left()))
+                  for target in server.launch.probes]
+        look = server.look()
+        source, figures, error = _figures(look, page.result())
+        groups = taken.result()
     then_source, then, _ = before.figures
     # Measured only where the figures moved on in the window (an idle engine prints no stats line).
     fresh = figures is not None and then is not None and figures.at > then.at
     made = made_in_window((then_source, then.tokens) if fresh and then is not None else None, (source, figures))
-    return look, Observation(window, processes, stacks(processes, deadline.left()), port_info(look.launch, probes),
+    return look, Observation(window, processes, groups, port_info(look.launch, probes),
                              engine_info((source, figures), made, error), gpu_section(look, runtime),
                              server.tail.lines() if server.tail else [])
