@@ -72,8 +72,9 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("file")
     diagnose = command(
         "diagnose", "report on each watched server (or SERVER) now: phase, GPUs, processes, stacks, port, "
-                    "log, verdict; exit 0 healthy, 1 stalled or failed, 2 bad input")
-    diagnose.add_argument("server", nargs="?", help="the server's name (default: every watched server)")
+                    "log, verdict; exit 0 healthy, starting or stopped, 1 stalled, failed or down, 2 bad input")
+    diagnose.add_argument("server", nargs="?", help="the server's name (default: every watched server); one whose "
+                                                    "process is gone is asked of the exporter at --web.listen-address")
     diagnose.add_argument("--json", action="store_true", help="one JSON document (diagnose.schema.json)")
     diagnose.add_argument("--window", type=float, default=2.0,
                           help="seconds over which CPU and token progress are sampled (default 2)")
@@ -103,7 +104,11 @@ def _with_path_flags(config: Config, args: argparse.Namespace) -> Config:
 def _diagnose(config: Config, args: argparse.Namespace) -> int:
     if not 0 < args.window <= 60:
         raise ValueError(f"--window: expected seconds in (0, 60], got {args.window}")
-    report = oneshot.gather(app.oneshot(config), args.server, args.window)
+    host, port = _listen_address(args.listen_address)
+    # The exporter of this node, for a server whose process is gone: on loopback where it listens on every address.
+    host = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
+    exporter = f"http://{f'[{host}]' if ':' in host else host}:{port}"
+    report = oneshot.gather(app.oneshot(config), args.server, args.window, exporter)
     text = render.render_json(report) if args.json else render.render_text(report)
     sys.stdout.write(text.rstrip("\n") + "\n")
     return report.exit_code

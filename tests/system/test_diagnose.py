@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
@@ -14,7 +16,7 @@ from stallwatch.report.model import SCHEMA as SCHEMA_PATH
 from stallwatch.signals.nvml import NO_GPU, UNAVAILABLE, shows_nvidia_gpu
 from support import transcripts
 from support import transcripts as t
-from support.harness import Engine, diagnose, gpus, poll
+from support.harness import Engine, Exporter, diagnose, gpus, poll
 
 SCHEMA = json.loads(SCHEMA_PATH.read_text())
 
@@ -196,3 +198,85 @@ def test_diagnose_prints_no_escape_sequence_from_argv_paths_or_lines(engine, tmp
     assert "\\x1b]52;c;cm0gLXJmIH4K\\x07VERDICT: HEALTHY" in out.stdout
     assert "out\\x1b]0;OWNED\\x07.log" in out.stdout
     assert out.stdout.splitlines()[1].startswith("VERDICT: STALLED")
+
+
+DISCOVERY = "discovery: {interval: 1s}\n"  # the exporter's: finds the engine within a second
+
+
+def _gone(e: Exporter, sim: Engine, stop_requested: float) -> None:
+    """Wait until the running exporter has seen `sim`'s main process gone (its phase ended within a second of it),
+    with its stop line read or not."""
+    sim.proc.wait(30)
+    e.wait_for(lambda s: s.value("stallwatch_startup_phase", server=sim.name, phase="stopped") == 1
+               and s.value("stallwatch_server_stop_requested", server=sim.name) == stop_requested,
+               what=f"{sim.name} gone")
+
+
+def test_a_discovered_server_gone_after_a_crash_is_down_by_name(tmp_path: Path, exporter, engine) -> None:
+    """Its process gone, nothing of it is left in /proc for diagnose's own look: the running exporter, which keeps it
+    until forget_after, answers for it (zero config: no `servers:` lists it)."""
+    e = exporter(config=DISCOVERY)
+    sim = engine("sglang", transcripts.sglang_until_shards(1, 64), final="stall", tp=1)
+    e.wait_for(lambda s: s.value("stallwatch_weight_shards_loaded", server=sim.name) == 64,
+               what="the engine discovered and its shards read")
+    sim.proc.kill()  # as the OOM killer ends it: no line says why
+    _gone(e, sim, stop_requested=0)
+    listen = f"--web.listen-address=127.0.0.1:{e.port}"
+    out = diagnose(tmp_path, sim.name, listen, config=None)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert f"from the running exporter at http://127.0.0.1:{e.port}" in out.stdout
+    verdict = out.stdout.splitlines()[2]
+    assert verdict.startswith("VERDICT: DOWN: main process gone for ") and "last in loading_weights" in verdict
+    assert "without a stop request in its log" in verdict
+    assert f"log {sim.log}; events of this launch:" in out.stdout
+    server = _json(diagnose(tmp_path, sim.name, listen, "--json", config=None))
+    assert server["phase"]["phase"] == "stopped" and server["phase"]["timeline"][-2:] == ["loading_weights", "stopped"]
+    assert server["identity"]["pid"] == sim.proc.pid
+
+
+def test_a_discovered_server_stopped_on_request_reads_stopped(tmp_path: Path, exporter, engine) -> None:
+    e = exporter(config=DISCOVERY)
+    sim = engine("sglang", transcripts.sglang_healthy(1), final="serve", tp=1,
+                 on_sigterm=transcripts.real("sglang-sigterm-group-stop.log"))
+    e.wait_for(lambda s: s.value("stallwatch_startup_phase", server=sim.name, phase="serving") == 1,
+               what="the engine serving")
+    sim.terminate()
+    _gone(e, sim, stop_requested=1)
+    out = diagnose(tmp_path, sim.name, f"--web.listen-address=127.0.0.1:{e.port}", "--json", config=None)
+    assert out.returncode == 0, out.stdout + out.stderr
+    server = _json(out)
+    assert server["verdict"]["status"] == "stopped", server["verdict"]
+    assert "stopped on request" in server["verdict"]["text"] and "last in serving" in server["verdict"]["text"]
+    assert server["phase"]["stop_requested"] is True and server["identity"]["configured"] is False
+
+
+def _warming_llamacpp(engine) -> Engine:
+    """llama.cpp warming up: its port listens (the kernel accepts) and nothing answers, so its probe times out."""
+    lines = transcripts.llamacpp_healthy()
+    sim = engine("llamacpp", lines[:lines.index("main: model loaded")], final="hang", tp=1)
+    poll(_logged(sim, "warming up the model"), what="the warm-up line")
+    return sim
+
+
+def test_a_sigstopped_server_reads_stopped_process_not_starting(tmp_path: Path, engine) -> None:
+    sim = _warming_llamacpp(engine)
+    os.kill(sim.proc.pid, signal.SIGSTOP)
+    try:
+        server = _json(diagnose(tmp_path, sim.name, "--json", config=None))  # log_stale 10 min: no stall by silence
+    finally:
+        os.kill(sim.proc.pid, signal.SIGCONT)
+    assert server["verdict"]["status"] == "stalled", server["verdict"]
+    assert f"main process {sim.proc.pid} is stopped (state T" in server["verdict"]["text"]
+    assert "in warming_up; the probe fails (timeout)" in server["verdict"]["text"]
+    main = next(p for p in server["processes"] if p["role"] == "main")
+    assert main["state"] == "T" and server["port"]["probes"][0]["reason"] == "timeout"  # the evidence it prints
+
+
+def test_diagnose_waits_for_no_timeout_past_its_deadline(tmp_path: Path, engine) -> None:
+    """A probe the config lets wait 50 s is cut at diagnose's own deadline (oneshot.LOOK_SECONDS), not waited for."""
+    sim = _warming_llamacpp(engine)
+    config = "defaults:\n  probe: {timeout: 50s}\n"
+    server = _json(diagnose(tmp_path, sim.name, "--json", config=config))
+    probe = server["port"]["probes"][0]
+    assert probe["reason"] == "timeout" and probe["duration_seconds"] < 50, probe
+    assert server["verdict"]["status"] == "starting", server["verdict"]

@@ -34,6 +34,7 @@ class Identity:
     pid: int | None
     port: int | None
     deployment: DeploymentInfo | None = None  # None: a single-node server
+    configured: bool = False  # from the config file's `servers:` (someone said it should run); False: discovered
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,7 @@ class PhaseInfo:
     timeline_note: str
     shards_loaded: int | None
     shards_expected: int | None
+    stop_requested: bool = False  # this launch logged that it was asked to stop (the engine's stop line)
 
 
 @dataclass(frozen=True)
@@ -154,7 +156,7 @@ class LogInfo:
 
 @dataclass(frozen=True)
 class Verdict:
-    status: str  # healthy | starting | stalled | failed | down
+    status: str  # healthy | starting | stopped (on request) | stalled | failed | down
     text: str
 
 
@@ -178,6 +180,9 @@ class Report:
     version: str
     generated_at: float
     servers: list[ServerReport]
+    # The running exporter's URL it came from, for a server diagnose's own look cannot see (its process is gone):
+    # what the exporter keeps, its prober's last results and its last minute; "": a look now.
+    from_exporter: str = ""
 
     @property
     def exit_code(self) -> int:

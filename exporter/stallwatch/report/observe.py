@@ -75,7 +75,7 @@ def identity(look: Look) -> Identity:
         deployment = DeploymentInfo(member.deployment, member.role, member.node_rank, member.nnodes,
                                     *(look.ranks if look.ranks is not None else (None, None)))
     return Identity(look.engine.name, launch.model, launch.tensor_parallel, w.runtime, w.namespace, w.pod,
-                    w.container, w.unit, launch.pid, launch.port, deployment)
+                    w.container, w.unit, launch.pid, launch.port, deployment, look.configured)
 
 
 def phase_info(look: Look) -> PhaseInfo:
@@ -87,7 +87,7 @@ def phase_info(look: Look) -> PhaseInfo:
         timeline=list(snap.timeline),
         timeline_note="phases of the current launch in order, from the log replay; their times are not in the log "
                       "tail (the exporter's state timeline panel has them)",
-        shards_loaded=snap.shards_loaded, shards_expected=snap.shards_expected)
+        shards_loaded=snap.shards_loaded, shards_expected=snap.shards_expected, stop_requested=snap.stop_requested)
 
 
 def gpu_section(look: Look, runtime: Runtime) -> GpuSection:

@@ -5,6 +5,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import types
+import typing
+from typing import Any
 
 from stallwatch.report.model import (
     EngineInfo,
@@ -25,15 +28,45 @@ def render_json(report: Report) -> str:
     return json.dumps(dataclasses.asdict(report), indent=2)
 
 
+def parse_json(text: str | bytes) -> Report:
+    """The report `render_json` wrote (a running exporter's); ValueError when `text` is not one."""
+    try:
+        return _load(Report, json.loads(text))
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise ValueError(f"not a report: {exc!r}") from exc
+
+
+def _load(kind: Any, data: Any) -> Any:
+    """`data` (JSON values) as `kind`: a dataclass of the model, a list or dict of them, `X | None`, or a plain
+    value."""
+    if dataclasses.is_dataclass(kind):
+        hints = typing.get_type_hints(kind)
+        return kind(**{f.name: _load(hints[f.name], data[f.name]) for f in dataclasses.fields(kind) if f.name in data})
+    origin, args = typing.get_origin(kind), typing.get_args(kind)
+    if origin is types.UnionType:
+        return None if data is None else _load(next(a for a in args if a is not type(None)), data)
+    if origin is list:
+        return [_load(args[0], item) for item in data]
+    if origin is dict:
+        return {key: _load(args[1], value) for key, value in data.items()}
+    return data
+
+
 def render_text(report: Report) -> str:
     """The report for a terminal: what other processes wrote (argv, paths, titles, lines) cannot drive it."""
     if not report.servers:
         return "no inference server is watched on this node\n"
-    return terminal_safe("\n".join(_server_text(s) for s in report.servers))
+    probed, note = "probe now", ""
+    if report.from_exporter:
+        probed = "last probe"
+        note = (f"(from the running exporter at {report.from_exporter}: what it keeps of a server whose process this "
+                "look cannot see; its prober's last results, CPU and tokens over its last minute, log lines only "
+                "with its web.show_evidence)\n")
+    return terminal_safe(note + "\n".join(_server_text(s, probed) for s in report.servers))
 
 
-def _server_text(s: ServerReport) -> str:
-    return "\n\n".join([_head(s), *body_sections(s, evidence=True)]) + "\n"
+def _server_text(s: ServerReport, probed: str) -> str:
+    return "\n\n".join([_head(s), *body_sections(s, evidence=True, probed=probed)]) + "\n"
 
 
 def body_sections(s: ServerReport, evidence: bool, probed: str = "probe now") -> list[str]:

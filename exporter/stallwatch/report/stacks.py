@@ -39,16 +39,16 @@ def pyspy_binary() -> str | None:
     return str(beside) if os.access(beside, os.X_OK) else None
 
 
-def dump(pid: int, binary: str | None) -> tuple[list[ThreadStack], str]:
-    """The Python threads of `pid` from `py-spy dump`, or why there are none."""
+def dump(pid: int, binary: str | None, timeout: float = PYSPY_TIMEOUT) -> tuple[list[ThreadStack], str]:
+    """The Python threads of `pid` from `py-spy dump` (killed after `timeout` seconds), or why there are none."""
     if binary is None:
         return [], "py-spy is not installed"
     try:
-        status, out = _run([binary, "dump", "--pid", str(pid)])
+        status, out = _run([binary, "dump", "--pid", str(pid)], timeout)
     except OSError as exc:
         return [], f"py-spy could not run: {exc.strerror or exc}"
     if status is None:
-        return [], f"py-spy timed out after {PYSPY_TIMEOUT:.0f}s"
+        return [], f"py-spy timed out after {timeout:.1f}s"
     text = out.decode("utf-8", "replace")
     if status != 0 and len(out) < MAX_OUTPUT_BYTES:  # ended by us at the bound: what it printed is good
         lines = text.strip().splitlines()
@@ -56,9 +56,9 @@ def dump(pid: int, binary: str | None) -> tuple[list[ThreadStack], str]:
     return parse_dump(text), ""
 
 
-def _run(argv: list[str]) -> tuple[int | None, bytes]:
-    """The exit status of `argv` (None: killed at PYSPY_TIMEOUT) and the first MAX_OUTPUT_BYTES of its stdout and
-    stderr; it is killed once that much came."""
+def _run(argv: list[str], timeout: float) -> tuple[int | None, bytes]:
+    """The exit status of `argv` (None: killed after `timeout` seconds) and the first MAX_OUTPUT_BYTES of its stdout
+    and stderr; it is killed once that much came."""
     proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     expired = threading.Event()
 
@@ -66,7 +66,7 @@ def _run(argv: list[str]) -> tuple[int | None, bytes]:
         expired.set()
         proc.kill()
 
-    timer = threading.Timer(PYSPY_TIMEOUT, expire)
+    timer = threading.Timer(timeout, expire)
     timer.name = "py-spy deadline"
     timer.start()
     try:
@@ -99,11 +99,12 @@ def parse_dump(text: str) -> list[ThreadStack]:
     return threads
 
 
-def stacks(processes: list[ProcessInfo]) -> list[StackGroup]:
+def stacks(processes: list[ProcessInfo], timeout: float = PYSPY_TIMEOUT) -> list[StackGroup]:
+    """The processes' stacks, one `py-spy dump` each (in parallel), each cut after `timeout` seconds."""
     binary = pyspy_binary()
     live = [p for p in processes if p.state != "Z"]
     with ThreadPoolExecutor(max_workers=min(16, len(live) or 1), thread_name_prefix="py-spy") as pool:
-        dumps = list(pool.map(lambda p: dump(p.pid, binary), live))
+        dumps = list(pool.map(lambda p: dump(p.pid, binary, timeout), live))
     groups: dict[str, StackGroup] = {}
     for proc, (threads, error) in zip(live, dumps, strict=True):
         # By thread names and frames: a rank caught `active` for a moment still joins its idle peers.

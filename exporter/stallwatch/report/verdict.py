@@ -20,7 +20,7 @@ STARTUP = ("launching", "loading_weights", "allocating_memory", "capturing_graph
 def verdict(report: ServerReport, memory_threshold: float, log_stale: float) -> Verdict:
     """The alert rules' logic on one look at the server."""
     phase = report.phase
-    for check in (_gpu_fault, _failed, _down, _lost_ranks):
+    for check in (_gpu_fault, _failed, _gone, _lost_ranks, _frozen):
         found = check(report)
         if found is not None:
             return found
@@ -83,10 +83,38 @@ def _failed(report: ServerReport) -> Verdict | None:
     return Verdict("failed", f"failed {duration(report.phase.seconds)} ago ({events}){last}")
 
 
-def _down(report: ServerReport) -> Verdict | None:
-    if report.phase.phase != "stopped":
+def _gone(report: ServerReport) -> Verdict | None:
+    """InferenceServerDown: the main process gone, unless a discovered server's launch logged that it was asked to
+    stop (a stop is not an outage; a configured server should run, so its stop is still one)."""
+    phase = report.phase
+    if phase.phase != "stopped":
         return None
-    return Verdict("down", f"main process gone for {duration(report.phase.seconds)}")
+    gone = f"main process gone for {duration(phase.seconds)}"
+    last = phase.timeline[-2] if len(phase.timeline) > 1 else ""
+    if last:
+        gone += f", last in {last}"
+    events = ", ".join(f"{k} {v}" for k, v in report.log.events.items() if k != "server_restart")
+    gone += f"; log events: {events}" if events else ""
+    if phase.stop_requested and not report.identity.configured:
+        return Verdict("stopped", f"stopped on request: its engine logged the stop, then its {gone}")
+    if phase.stop_requested:
+        return Verdict("down", f"{gone}; it logged a stop request, but it is configured to run")
+    return Verdict("down", f"{gone}, without a stop request in its log")
+
+
+def _frozen(report: ServerReport) -> Verdict | None:
+    """The main process stopped by a signal (state T: SIGSTOP, SIGTSTP, or t: a tracer holds it) and no probe
+    passing: it runs no code, whatever phase its log reached, so it is no startup."""
+    main = next((p for p in report.processes if p.role == "main"), None)
+    if main is None or main.state not in ("T", "t"):
+        return None
+    probes = [p for p in report.port.probes if p.success is not None]
+    if any(p.success for p in probes):
+        return None
+    failing = f"; the probe fails ({probes[0].reason})" if probes else ""
+    return Verdict("stalled", f"main process {main.pid} is stopped (state {main.state}: SIGSTOP or a debugger holds "
+                              f"it) in {report.phase.phase}{failing}; it runs nothing until SIGCONT; "
+                              + _evidence(report))
 
 
 def _worker(report: ServerReport) -> bool:

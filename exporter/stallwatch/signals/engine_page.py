@@ -178,9 +178,9 @@ class EnginePageManager:
     def reconcile(self, servers: list[Server]) -> None:
         self._loops.reconcile({s.name: s for s in servers})  # a relaunch keeps the state: the counter goes on
 
-    def read_now(self, server: Server) -> Page:
-        """One fetch of the server's page now, with this manager's deadline."""
-        return read_page(server, self.timeout)
+    def read_now(self, server: Server, within: float | None = None) -> Page:
+        """One fetch of the server's page now, with this manager's deadline or in `within` seconds if sooner."""
+        return read_page(server, self.timeout if within is None else min(self.timeout, within))
 
     def _step(self, server: Server, state: PageState) -> None:
         page = self.read_now(server)

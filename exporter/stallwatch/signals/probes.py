@@ -150,10 +150,11 @@ class ProbeManager:
         # Keep the counters when only interval or timeout changed: they must never go back.
         self._loops.reconcile({(s.name, p.probe.url): (p, s) for s in servers for p in s.launch.probes})
 
-    def probe_now(self, target: ProbeTarget, server: Server) -> tuple[Result | None, str]:
-        """One probe of `target` now, by the prober's rules: the result (None when it cannot be made) and why
-        not. One that answers makes the server `serving`, dated when it answered."""
-        result, unreachable = _probe_target(target, server, self._procfs, self._enter_netns)
+    def probe_now(self, target: ProbeTarget, server: Server, within: float | None = None) -> tuple[Result | None, str]:
+        """One probe of `target` now, by the prober's rules, in its timeout or `within` seconds if sooner: the result
+        (None when it cannot be made) and why not. One that answers makes the server `serving`, dated when it
+        answered."""
+        result, unreachable = _probe_target(target, server, self._procfs, self._enter_netns, within)
         if result is not None and result.success:
             server.interpreter.probe_succeeded(self._wall())
         return result, unreachable
@@ -175,9 +176,12 @@ class ProbeManager:
         return out
 
 
-def _probe_target(target: ProbeTarget, server: Server, procfs: str, enter_netns: bool) -> tuple[Result | None, str]:
-    """One probe of `target` now: the result (None when it cannot be made) and why not."""
+def _probe_target(target: ProbeTarget, server: Server, procfs: str, enter_netns: bool,
+                  within: float | None) -> tuple[Result | None, str]:
+    """One probe of `target` now (in `within` seconds at most): the result (None when it cannot be made) and why
+    not."""
     spec, pid = target.probe, target.netns_pid
+    timeout = spec.timeout if within is None else min(spec.timeout, within)
     if pid is not None and not enter_netns:
         return None, ("listens on loopback only inside its network namespace: start it with --host 0.0.0.0, "
                       "or set probe.enter_netns (needs CAP_SYS_ADMIN)")
@@ -185,8 +189,8 @@ def _probe_target(target: ProbeTarget, server: Server, procfs: str, enter_netns:
         # Nothing of the server listens on its port: what a connect would say, without sending one.
         return Result(False, 0.0, 0, "refused"), ""
     if pid is None:
-        return probe(spec.url, spec.timeout), ""
+        return probe(spec.url, timeout), ""
     try:
-        return netns.run_in_netns(procfs, pid, lambda: probe(spec.url, spec.timeout), spec.timeout + 1), ""
+        return netns.run_in_netns(procfs, pid, lambda: probe(spec.url, timeout), timeout + 1), ""
     except OSError as exc:
         return None, f"cannot enter its network namespace: {exc.strerror or exc}"

@@ -1,5 +1,6 @@
 """HTTP routes: landing page `/`, the metrics endpoint, `/-/healthy`, each server's status page `/servers/<name>`
-and its static files, behind `--web.config.file`'s basic auth and headers; and `serve`, which listens.
+(and its report as `diagnose --json` writes it, `?format=json`) and its static files, behind `--web.config.file`'s
+basic auth and headers; and `serve`, which listens.
 
 The server itself is `web.server` (bounded worker pool, deadlines, connection cap); the metrics endpoint is
 `web.exposition`.
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import html
 import threading
+import time
 from urllib.parse import quote, unquote, unquote_plus
 
 from prometheus_client import CollectorRegistry
@@ -18,6 +20,8 @@ from stallwatch.config.web import WebConfig
 from stallwatch.discovery.server import ProbeTarget
 from stallwatch.discovery.watcher import Watcher
 from stallwatch.report.live import StatusPages
+from stallwatch.report.model import Report
+from stallwatch.report.render import render_json
 from stallwatch.text import display
 from stallwatch.web import statuspage
 from stallwatch.web.auth import BasicAuth
@@ -72,9 +76,12 @@ def _status_handler(status: StatusPages) -> Handler:
             unquote_plus(escaped, errors="surrogateescape"))
         if server is None:
             return Response(404, [TEXT], b"No watched server of that name.\n")
+        view = status.view(server)
+        if request.query.get("format") == ["json"]:  # what `stallwatch diagnose` reads of a server it cannot see
+            return Response(200, [("Content-Type", "application/json"), ("Cache-Control", "no-store")],
+                            render_json(Report(__version__, time.time(), [view.report])).encode())
         return Response(200, [("Content-Type", "text/html; charset=utf-8"), ("Cache-Control", "no-store"),
-                              *OWN_CONTENT_ONLY],
-                        statuspage.render(status.view(server)))
+                              *OWN_CONTENT_ONLY], statuspage.render(view))
 
     return page
 
