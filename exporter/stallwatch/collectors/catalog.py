@@ -112,6 +112,9 @@ CATALOG: dict[str, Family] = {
     "engine_metrics_up": Family(
         "gauge", "1 when the engine's /metrics page answered its last fetch, 0 when it failed or timed out.",
         ("server",)),
+    "engine_loop_up": Family(
+        "gauge", "For an engine whose main loop serves its /metrics page (llama.cpp): 1 when the loop answered the "
+        "last fetch, 0 when the fetch timed out (a request the loop holds unanswered).", ("server",)),
     # Startup phase
     "startup_phase": Family("gauge", "1 for the server's current startup phase, 0 for the others.",
                             ("server", "phase")),

@@ -1,6 +1,7 @@
 """Engine metrics collector: requests running and waiting and tokens generated, as the engine itself reports them
 (`source="metrics"`: its `/metrics` page, fetched in the background by `signals.engine_page`; `source="log"`:
-its periodic stats lines, read by the log followers), and whether its page answered."""
+its periodic stats lines, read by the log followers), whether its page answered, and whether the engine's main
+loop answered it (for a page that loop serves)."""
 
 from __future__ import annotations
 
@@ -25,17 +26,19 @@ class EngineMetricsCollector:
 
     def collect(self) -> Iterator[Metric]:
         families = [family(name) for name in FIGURES]
-        up = family("engine_metrics_up")
+        up, loop_up = family("engine_metrics_up"), family("engine_loop_up")
         for state in self.manager.states():
             if state.up is not None:
                 up.add_metric([state.server], 1.0 if state.up else 0.0)
+            if state.loop_up is not None:
+                loop_up.add_metric([state.server], 1.0 if state.loop_up else 0.0)
             if state.figures is not None:
                 _add(families, [state.server, "metrics"], state.figures)
         for server in self.watcher.servers():
             look = server.look()
             if look.log.figures is not None:
                 _add(families, [look.name, "log"], look.log.figures)
-        yield from (*families, up)
+        yield from (*families, up, loop_up)
 
 
 def _add(families: list[Metric], labels: list[str], figures: Figures) -> None:

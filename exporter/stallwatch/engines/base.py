@@ -118,6 +118,9 @@ class MetricsSpec:
     needs_flag: tuple[str, ...] = ()
     path: str = "/metrics"
     same_over: tuple[str, ...] = ()
+    # The engine's main loop answers the page itself (llama.cpp posts it as a task and waits): a fetch that times out
+    # is a request the loop holds unanswered, while its HTTP threads (and `/health`) may still answer.
+    through_loop: bool = False
 
     def served(self, argv: Sequence[str]) -> bool:
         return not self.needs_flag or any(arg in self.needs_flag for arg in argv)

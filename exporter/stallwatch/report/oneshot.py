@@ -130,8 +130,8 @@ def _before(server: Server, runtime: Runtime, deadline: Deadline) -> _Before:
 def _page(server: Server, runtime: Runtime, deadline: Deadline) -> PageState:
     """The engine's page read now, by `deadline`."""
     page = required(runtime.engine_pages, "engine_metrics").read_now(server, deadline.left())
-    return PageState(server.name, page.up, Figures(*page.figures, at=time.time()) if page.figures is not None else None,
-                     error=page.error)
+    figures = Figures(*page.figures, at=time.time()) if page.figures is not None else None
+    return PageState(server.name, page.up, page.loop_up, figures, error=page.error)
 
 
 def _figures(look: Look, page: PageState) -> tuple[str, Figures | None, str]:

@@ -116,6 +116,7 @@ class MonotonicCounter:
 class PageState:
     server: str
     up: bool | None = None  # None: no page to fetch
+    loop_up: bool | None = None  # the engine's main loop answered (`MetricsSpec.through_loop`); None: unknown
     figures: Figures | None = None  # the last figures read, tokens made monotonic
     counter: MonotonicCounter = field(default_factory=MonotonicCounter)
     error: str = ""
@@ -143,6 +144,9 @@ class Page(NamedTuple):
     up: bool | None
     figures: tuple[float, float, float] | None
     error: str
+    # For a page the engine's main loop serves: True when it answered (any HTTP status), False when the fetch timed
+    # out; None otherwise (another engine, refused, not fetched).
+    loop_up: bool | None = None
 
 
 def read_page(server: Server, timeout: float) -> Page:
@@ -154,16 +158,19 @@ def read_page(server: Server, timeout: float) -> Page:
     if derived and not server.own_listeners():
         return Page(False, None, "")  # not up yet (or gone): what a fetch would find, not worth a warning
     result, body = fetch(url, timeout, MAX_BODY_BYTES)
-    if not result.success:
-        return Page(False, None, f"GET {url}: {result.reason} (HTTP {result.status})")
-    if body is None:
-        return Page(False, None, f"GET {url}: the page is over {MAX_BODY_BYTES} bytes")
     spec = server.engine.metrics
     assert spec is not None
+    loop_up = None
+    if spec.through_loop and (result.status or result.reason == "timeout"):
+        loop_up = result.reason != "timeout"
+    if not result.success:
+        return Page(False, None, f"GET {url}: {result.reason} (HTTP {result.status})", loop_up)
+    if body is None:
+        return Page(False, None, f"GET {url}: the page is over {MAX_BODY_BYTES} bytes", loop_up)
     try:
-        return Page(True, parse_page(body, spec), "")
+        return Page(True, parse_page(body, spec), "", loop_up)
     except ValueError as exc:
-        return Page(False, None, f"GET {url}: {exc}")
+        return Page(False, None, f"GET {url}: {exc}", loop_up)
 
 
 class EnginePageManager:
@@ -185,7 +192,7 @@ class EnginePageManager:
     def _step(self, server: Server, state: PageState) -> None:
         page = self.read_now(server)
         with state.lock:
-            state.up = page.up
+            state.up, state.loop_up = page.up, page.loop_up
             if page.figures is not None:
                 running, waiting, tokens = page.figures
                 total = state.counter.update(tokens, server.launch.key)
@@ -200,7 +207,7 @@ class EnginePageManager:
         out = []
         for state in self._loops.states():
             with state.lock:
-                out.append(PageState(state.server, state.up, state.figures, error=state.error))
+                out.append(PageState(state.server, state.up, state.loop_up, state.figures, error=state.error))
         return out
 
     def state(self, server: Server) -> PageState | None:

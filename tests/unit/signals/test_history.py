@@ -149,7 +149,8 @@ def test_tokens_come_from_the_engine_page_once_it_answered(monkeypatch: pytest.M
     """Tokens are the page's where it has figures, else unknown (no stats line read either), with their source."""
     servers = _servers()
     pages = EnginePageManager(interval=1.0, timeout=1.0)
-    monkeypatch.setattr(pages, "states", lambda: [PageState("a", True, Figures(1, 0, 1234.0, 0.0)), PageState("b")])
+    states = [PageState("a", True, figures=Figures(1, 0, 1234.0, 0.0)), PageState("b")]
+    monkeypatch.setattr(pages, "states", lambda: states)
     history = History(_Watcher(servers), interval=1.0, pages=pages, wall=Clock())  # type: ignore[arg-type]
     history.sample_once()
     assert (history.points("a")[-1].tokens, history.points("b")[-1].tokens) == (("metrics", 1234.0), None)
