@@ -23,11 +23,13 @@ from pathlib import Path
 import pytest
 
 from support.harness import Engine, Exporter
+from support.llamacpp import LlamaServer, require_llama_server, tiny_model
 from support.paths import ROOT
 from support.sandbox import require_root
 from support.stack import Daemon
 
-PROCESS_FIXTURES = {"exporter", "engine", "rig", "pki", "daemons"}  # `rig`: system/test_load.py; `pki`: openssl
+# `rig`: system/test_load.py; `pki`: openssl; `llama`: llama.cpp's own llama-server
+PROCESS_FIXTURES = {"exporter", "engine", "llama", "rig", "pki", "daemons"}
 FOLDER_KINDS = {"unit": (), "system": ("process",), "root": ("process", "root"), "e2e": ("process", "e2e"),
                 "shipped": ()}
 RUNS_THINGS = {"process", "root", "e2e"}
@@ -59,6 +61,30 @@ def engine(tmp_path: Path) -> Iterator[Callable[..., Engine]]:
     yield start
     for e in started:
         e.stop()
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model the real llama-server serves (support.llamacpp), written once per run."""
+    require_llama_server()
+    return tiny_model(tmp_path_factory.mktemp("model") / "tiny-llama.gguf")
+
+
+@pytest.fixture
+def llama(tiny_llama: Path, tmp_path: Path) -> Iterator[Callable[..., LlamaServer]]:
+    """Starts llama.cpp's own llama-server (support.llamacpp.LlamaServer) on the tiny model, logging to
+    tmp_path/llama-server.log unless told otherwise; killed after the test."""
+    started: list[LlamaServer] = []
+
+    def start(**kwargs: object) -> LlamaServer:
+        kwargs.setdefault("log", tmp_path / "llama-server.log")
+        server = LlamaServer(kwargs.pop("model", tiny_llama), **kwargs)  # type: ignore[arg-type]
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        server.stop()
 
 
 @pytest.fixture
