@@ -281,9 +281,10 @@ class LogFile(Follower):
                 self._end_replay(replay)  # truncated under the replay: the next poll starts over
                 continue
             self._offset += len(data)
-            text = self._decoder.decode(self._text.decode(data))
-            if replay is None:
-                self._read_bytes += len(data) if self._text.codec else len(text)
+            utf8 = self._text.decode(data)
+            text = self._decoder.decode(utf8)
+            if replay is None:  # the engine's bytes without the runtime's framing; a transcoded file's as the file's
+                self._read_bytes += len(text) + len(data) - len(utf8)
                 self._lines += text.count(b"\n")
             self._consume(text, count=replay is None or self._recover_events)
             if deadline is not None and time.monotonic() >= deadline:

@@ -185,10 +185,9 @@ def test_a_utf16_log_reads_as_its_utf8_text(tmp_path: Path, codec: str) -> None:
     watcher.servers()[0].interpreter.tap = fed.append
     text = LAUNCH + LOAD.replace(b"\n", b"\r\n")
     data = UTF16[codec] + utf16(codec, text)
-    append(log, data[:101])  # half a code unit
-    m.poll()
-    append(log, data[101:])
-    m.poll()
+    for part in (data[:1], data[1:101], data[101:]):  # half the BOM, then half a code unit
+        append(log, part)
+        m.poll()
     s = stats(m)
     assert (s.lines, s.read_bytes, s.size) == (2, len(data), len(data))
     assert phase(watcher) == "loading_weights" and b"".join(fed) == text
