@@ -1,6 +1,6 @@
 """The corpus of real logs and the expert's reading of each (`tests/fixtures/logs/readings.yml`), and a replay of a
-log through an engine's interpreter as the exporter reads it: the process found first, its lines one at a time
-(a tqdm bar's `\\r` updates too), then, where the log ends with its process, the process gone."""
+log through an engine's interpreter as the exporter reads it (a UTF-16 log as UTF-8): the process found first, its
+lines one at a time (a tqdm bar's `\\r` updates too), then, where the log ends with its process, the process gone."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from pathlib import Path
 import yaml
 
 from stallwatch.engines import ENGINES
+from stallwatch.logs.formats import Transcoder
 from stallwatch.logs.interpret import LogInterpreter
 from support.paths import ROOT
 
@@ -73,13 +74,24 @@ def reading(file: str) -> Reading:
     return next(r for r in READINGS if r.file == file)
 
 
+def writes(data: bytes) -> list[bytes]:
+    """A log's bytes as its writer wrote them, a line at a time: a UTF-16 log's lines end with a whole `\\n` code
+    unit. Joined, they are the file again."""
+    text = Transcoder()
+    text.decode(data[:2])
+    if text.codec is None:
+        return data.splitlines(keepends=True)
+    lines = [line.encode(text.codec) for line in data[2:].decode(text.codec).splitlines(keepends=True)]
+    return [data[:2] + lines[0], *lines[1:]] if lines else [data]
+
+
 def replay(reading: Reading) -> Seen:
     engine = ENGINES[reading.engine]
     interpreter = LogInterpreter(engine.as_worker() if reading.worker else engine, wall=lambda: 1e9)
     interpreter.process_started(1e9)
     if reading.serving_before:
         interpreter.probe_succeeded(1e9 + 1)
-    for line in reading.path.read_bytes().splitlines(keepends=True):
+    for line in Transcoder().decode(reading.path.read_bytes()).splitlines(keepends=True):
         for part in line.split(b"\r"):
             if part.strip():
                 interpreter.feed(part if part.endswith(b"\n") else part + b"\n")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from support.corpus import READINGS, Seen
+from support.corpus import READINGS, Seen, writes
 from support.harness import Exporter, Scrape
 
 TOKEN = "stallwatch-corpus-replay"
@@ -70,7 +70,7 @@ def _append_over(paths: list[tuple[Path, bytes]], seconds: float) -> None:
     """Each log's lines, appended in ten parts spread over `seconds`, as a server writes them."""
     for part in range(10):
         for path, data in paths:
-            lines = data.splitlines(keepends=True)
+            lines = writes(data)
             step = -(-len(lines) // 10)
             with path.open("ab") as f:
                 f.write(b"".join(lines[part * step:(part + 1) * step]))

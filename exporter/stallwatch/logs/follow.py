@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from stallwatch.logs.formats import decoder_for
+from stallwatch.logs.formats import Transcoder, decoder_for
 from stallwatch.logs.interpret import LogInterpreter
 from stallwatch.logs.journal import JournalReader
 from stallwatch.logs.source import LogSource
@@ -143,8 +143,9 @@ class _Replay:
 
 
 class LogFile(Follower):
-    """One log file of a server, read from `source.open_path` through the decoder of its format, so that the
-    interpreter, bytes and lines see the engine's own output without the runtime's framing."""
+    """One log file of a server, read from `source.open_path` as UTF-8 (`Transcoder`: a UTF-16 file transcoded)
+    through the decoder of its format, so that the interpreter, bytes and lines see the engine's own output without
+    the runtime's framing. A UTF-16 file's bytes count as the file's, as its size does."""
 
     def __init__(self, server: str, source: LogSource, interpreter: LogInterpreter,
                  wall: Callable[[], float] = time.time, recover: bool = True, recover_events: bool = False,
@@ -156,6 +157,7 @@ class LogFile(Follower):
         super().__init__(server, source, interpreter)
         self._wall = wall
         self._decoder = decoder_for(source.format)
+        self._text = Transcoder()
         self._recover = recover
         self._recover_events = recover_events
         self._replayed = replayed
@@ -197,6 +199,7 @@ class LogFile(Follower):
             self._partial.clear()
             self._overlong = False
             self._decoder.reset()
+            self._text.reset()
         self._size = size
         self._note_size(size)
         try:
@@ -231,6 +234,7 @@ class LogFile(Follower):
         self._partial.clear()
         self._overlong = False
         self._decoder.reset()
+        self._text.reset()
         if self._recover:
             self._recover = False
             self._seen = size
@@ -241,6 +245,7 @@ class LogFile(Follower):
             else:
                 self._offset = self._replay_start(fd, old)
                 self._replay = _Replay(old, st.st_mtime)
+            self._text.begin(os.pread(fd, 2, 0), self._offset)
         self._publish()  # before the replay is read (and fed to the interpreter) in `_read`
 
     def _replay_start(self, fd: int, size: int) -> int:
@@ -249,10 +254,13 @@ class LogFile(Follower):
         little late); otherwise they are old news."""
         floor = max(0, size - RECOVERY_BYTES)
         end = size
+        head = os.pread(fd, 2, 0)
         while end > floor:
             begin = max(floor, end - CHUNK_BYTES)
             window = os.pread(fd, end - begin + 4096, begin)  # overlap: a marker across two chunks
-            if self.interpreter.has_launch(decoder_for(self.source.format).decode(window)):
+            text = Transcoder()
+            text.begin(head, begin)
+            if self.interpreter.has_launch(decoder_for(self.source.format).decode(text.decode(window))):
                 return begin if begin == floor else begin + window.find(b"\n") + 1  # from a whole record
             end = begin
         return floor
@@ -273,9 +281,10 @@ class LogFile(Follower):
                 self._end_replay(replay)  # truncated under the replay: the next poll starts over
                 continue
             self._offset += len(data)
-            text = self._decoder.decode(data)
-            if replay is None:
-                self._read_bytes += len(text)
+            utf8 = self._text.decode(data)
+            text = self._decoder.decode(utf8)
+            if replay is None:  # the engine's bytes without the runtime's framing; a transcoded file's as the file's
+                self._read_bytes += len(text) + len(data) - len(utf8)
                 self._lines += text.count(b"\n")
             self._consume(text, count=replay is None or self._recover_events)
             if deadline is not None and time.monotonic() >= deadline:

@@ -15,10 +15,14 @@ Contract shared by all decoders:
 Speed: the common chunk (only complete records, well formed) is decoded with a handful of C-level operations
 (one regex split, one join), never a Python loop over lines; the slow, per-line path runs only for chunks that
 hold partial records, garbled lines or escapes that the bulk path cannot prove correct.
+
+Before its framing is decoded, a file's bytes pass through a `Transcoder`: a UTF-16 file (a byte-order mark at its
+top, as PowerShell's redirect writes it) becomes UTF-8, any other passes as it is.
 """
 
 from __future__ import annotations
 
+import codecs
 import json
 import re
 from collections.abc import Callable
@@ -326,6 +330,56 @@ class DockerJsonDecoder(_LineFramed):
             self._final(key, content[:-1], out)
         else:
             self._partial(key, content)
+
+
+# A log's character encoding, before its framing: PowerShell's `>` and `Out-File` (Windows, WSL) write UTF-16 with a
+# byte-order mark, every ASCII character followed (LE) or preceded (BE) by a NUL that no rule expects.
+_BOMS = {b"\xff\xfe": "utf-16-le", b"\xfe\xff": "utf-16-be"}
+
+
+class Transcoder:
+    """A log file's bytes as UTF-8: UTF-16 (a BOM at offset 0) transcoded, any other file passed on as it is.
+
+    The file's first two bytes decide, anew after `reset` (a rotated or truncated file): as the stream begins when
+    it is read from the top, or `begin(head, offset)` when reading starts further on (a restarted exporter's
+    replay), which also steps over half a code unit at an odd offset. A code unit or surrogate pair split between
+    two reads waits for the next (at most 3 bytes kept); invalid UTF-16 becomes U+FFFD, nothing raises."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.codec: str | None = None  # the file's UTF-16 codec, once its first bytes showed a BOM
+        self._decided = False
+        self._head = b""  # a lone first byte that may begin a BOM, until the second comes
+        self._skip = 0  # bytes still to step over: the BOM, or half a code unit
+        self._decoder: codecs.IncrementalDecoder | None = None
+
+    def begin(self, head: bytes, offset: int) -> None:
+        """Reading starts at `offset` of a file whose first bytes are `head` (at least two, if it has them)."""
+        if offset:
+            self._decide(head[:2])
+            self._skip = offset % 2
+
+    def _decide(self, head: bytes) -> None:
+        self.codec = _BOMS.get(head)
+        self._decoder = codecs.getincrementaldecoder(self.codec)("replace") if self.codec else None
+        self._decided = True
+        self._skip = 2 if self.codec else 0
+
+    def decode(self, data: bytes) -> bytes:
+        if not self._decided:
+            data = self._head + data
+            if len(data) < 2 and any(bom.startswith(data) for bom in _BOMS):
+                self._head = data
+                return b""
+            self._head = b""
+            self._decide(data[:2])
+        if self._decoder is None:
+            return data
+        if self._skip:
+            data, self._skip = data[self._skip :], max(self._skip - len(data), 0)
+        return self._decoder.decode(data).encode("utf-8")
 
 
 _DECODERS: dict[str, Callable[[], Decoder]] = {

@@ -1,6 +1,6 @@
-"""Following one log: rotation, truncation, deletion, late files, symlinks, binary bytes, endless lines, FIFOs and
-unreadable paths, each reported in its `FileStats`, never fatal; a restarted exporter recovers the phase from a
-bounded replay."""
+"""Following one log: rotation, truncation, deletion, late files, symlinks, binary bytes, UTF-16, endless lines,
+FIFOs and unreadable paths, each reported in its `FileStats`, never fatal; a restarted exporter recovers the phase
+from a bounded replay."""
 
 from __future__ import annotations
 
@@ -160,9 +160,60 @@ def test_binary_and_invalid_utf8(tmp_path: Path) -> None:
     log.write_bytes(b"")
     m, watcher, _ = manager(log)
     m.poll()
-    append(log, b"\xff\xfe\x00\x01\x80 not utf-8 \xc3\x28\n" + LAUNCH + b"\x00" * 1000 + b"\n" + LOAD)
+    # Not at the top of the file, where `FF FE` is a UTF-16 byte-order mark.
+    append(log, LAUNCH + b"\xff\xfe\x00\x01\x80 not utf-8 \xc3\x28\n" + b"\x00" * 1000 + b"\n" + LOAD)
     m.poll()
     assert stats(m).lines == 4 and phase(watcher) == "loading_weights"
+
+
+UTF16 = {"utf-16-le": b"\xff\xfe", "utf-16-be": b"\xfe\xff"}
+
+
+def utf16(codec: str, data: bytes) -> bytes:
+    return data.decode().encode(codec)
+
+
+@pytest.mark.parametrize("codec", UTF16)
+def test_a_utf16_log_reads_as_its_utf8_text(tmp_path: Path, codec: str) -> None:
+    """PowerShell's `>` (Windows, WSL) writes UTF-16 with a BOM: its lines read as the engine's UTF-8, a code unit
+    split between two writes included; the bytes read are the file's, as its size is."""
+    log = tmp_path / "server.log"
+    log.write_bytes(b"")
+    m, watcher, _ = manager(log)
+    m.poll()
+    fed: list[bytes] = []
+    watcher.servers()[0].interpreter.tap = fed.append
+    text = LAUNCH + LOAD.replace(b"\n", b"\r\n")
+    data = UTF16[codec] + utf16(codec, text)
+    for part in (data[:1], data[1:101], data[101:]):  # half the BOM, then half a code unit
+        append(log, part)
+        m.poll()
+    s = stats(m)
+    assert (s.lines, s.read_bytes, s.size) == (2, len(data), len(data))
+    assert phase(watcher) == "loading_weights" and b"".join(fed) == text
+
+
+@pytest.mark.parametrize("rotate", ["rename", "copytruncate"])
+def test_a_utf16_log_rotated_to_utf8_is_read_as_utf8(tmp_path: Path, rotate: str) -> None:
+    """A new file (or the same one truncated) starts the detection anew: its UTF-8 is not read as UTF-16."""
+    log = tmp_path / "server.log"
+    log.write_bytes(b"")
+    m, watcher, _ = manager(log)
+    m.poll()
+    old = UTF16["utf-16-le"] + utf16("utf-16-le", LAUNCH)
+    append(log, old)
+    m.poll()
+    assert phase(watcher) == "launching"
+    if rotate == "rename":
+        os.rename(log, tmp_path / "server.log.1")
+    else:
+        with open(log, "r+b") as f:
+            f.truncate(0)
+    append(log, LOAD)
+    m.poll()
+    s = stats(m)
+    assert (s.lines, s.read_bytes) == (2, len(old) + len(LOAD))
+    assert phase(watcher) == "loading_weights"
 
 
 def test_progress_bar_without_newline_is_activity(tmp_path: Path) -> None:
@@ -181,13 +232,17 @@ def test_progress_bar_without_newline_is_activity(tmp_path: Path) -> None:
     assert (snap.shards_loaded, snap.shards_expected) == (3, 64)
 
 
-def test_100_mb_line_without_newline_keeps_memory_bounded(tmp_path: Path) -> None:
+@pytest.mark.parametrize("codec", ["utf-8", "utf-16-le"])
+def test_100_mb_line_without_newline_keeps_memory_bounded(tmp_path: Path, codec: str) -> None:
     log = tmp_path / "server.log"
     log.write_bytes(b"")
     m, watcher, _ = manager(log)
     m.poll()
-    block = b"x" * (4 << 20)
+    bom = b"\xff\xfe" if codec == "utf-16-le" else b""  # the line bound holds in UTF-16 too
+    unit = "x".encode(codec)
+    block = unit * ((4 << 20) // len(unit))
     with open(log, "ab") as f:
+        f.write(bom)
         for _ in range(25):
             f.write(block)
     tracemalloc.start()
@@ -195,9 +250,9 @@ def test_100_mb_line_without_newline_keeps_memory_bounded(tmp_path: Path) -> Non
     m.poll()
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
-    assert stats(m).read_bytes == 100 << 20
+    assert stats(m).read_bytes == (100 << 20) + len(bom)
     assert peak < 8 << 20, f"peak {peak / 2**20:.1f} MiB while reading a 100 MB line"
-    append(log, b"\n" + LAUNCH)
+    append(log, (b"\n" + LAUNCH).decode().encode(codec))
     m.poll()
     assert phase(watcher) == "launching" and stats(m).lines == 2
 
@@ -225,6 +280,24 @@ def test_restart_recovers_phase_from_the_last_launch_without_counting_events(tmp
     assert snap.since <= mtime
     s = stats(m)
     assert s.last_growth == mtime and s.read_bytes == 0
+
+
+@pytest.mark.parametrize("codec", UTF16)
+def test_restart_recovers_a_utf16_log_from_a_window_in_its_middle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                   codec: str) -> None:
+    """The replay of a restarted exporter begins after a newline in the middle of the file, where the BOM is not
+    read and the offset may be odd (UTF-16LE's `\\n` is `0A 00`): the file's first bytes still decide."""
+    monkeypatch.setattr(logfollow, "CHUNK_BYTES", 4096)
+    log = tmp_path / "server.log"
+    log.write_bytes(UTF16[codec] + (t.sglang_graph_crash(tp=2) + t.sglang_healthy(tp=2)).encode(codec))
+    m, watcher, _ = manager(log)
+    fed: list[bytes] = []
+    watcher.servers()[0].interpreter.tap = fed.append
+    m.poll()
+    snap = watcher.servers()[0].interpreter.snapshot()
+    assert snap.phase == "serving" and (snap.shards_loaded, snap.shards_expected) == (64, 64)
+    assert sum(snap.events.values()) == 0
+    assert b"".join(fed).count(b"server_args=") == 1  # from the window of the last launch, not the top
 
 
 def test_restart_scans_back_a_bounded_window(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,5 +1,5 @@
 """Container log formats decoded: CRI (containerd, CRI-O) and Docker's json-file, with partial pieces, escapes,
-garbage and endless records bounded."""
+garbage and endless records bounded; a UTF-16 log transcoded to UTF-8 whatever its chunking."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from stallwatch.logs.formats import (
     Decoder,
     DockerJsonDecoder,
     PlainDecoder,
+    Transcoder,
     decoder_for,
 )
 
@@ -360,3 +361,57 @@ def test_decoder_for() -> None:
     assert decoder_for("cri") is not decoder_for("cri")
     with pytest.raises(ValueError, match="unknown log format 'journald'"):
         decoder_for("journald")
+
+
+# A PowerShell redirect's lines: CRLF, a non-ASCII character (2 bytes in UTF-8) and one outside the BMP (a surrogate
+# pair in UTF-16, 4 bytes in UTF-8).
+UTF16_TEXT = "INFO Starting to load model m...\r\nΓûê ready \U0001f680 done\r\n"
+BOMS = {"utf-16-le": b"\xff\xfe", "utf-16-be": b"\xfe\xff"}
+
+
+@pytest.mark.parametrize("codec", BOMS)
+def test_utf16_with_a_bom_is_transcoded_at_every_chunking(codec: str) -> None:
+    """Every split of a code unit or of a surrogate pair between two reads waits for the rest: any chunking gives
+    the same UTF-8, the BOM left out."""
+    data = BOMS[codec] + UTF16_TEXT.encode(codec)
+    for chunk in (1, 2, 3, 5, len(data)):
+        text = Transcoder()
+        assert b"".join(text.decode(data[i : i + chunk]) for i in range(0, len(data), chunk)) == UTF16_TEXT.encode()
+        assert text.codec == codec
+
+
+def test_utf8_passes_through_unchanged() -> None:
+    """No BOM: the bytes as they are, also a first byte that might have begun one and a lone `FF FE` further on."""
+    for data in (SAMPLE_TEXT, b"\xff not a BOM\n", b"\xfe", b"ok\n\xff\xfe\x00\x01\n"):
+        text = Transcoder()
+        assert b"".join(text.decode(data[i : i + 1]) for i in range(len(data))) + text.decode(b"x") == data + b"x"
+        assert text.codec is None
+
+
+def test_invalid_utf16_becomes_replacement_characters() -> None:
+    """A lone surrogate, a high surrogate without its low one, and random bytes after a BOM never raise."""
+    text = Transcoder()
+    lone = b"\xff\xfe" + b"a\x00" + b"\x00\xdc" + b"b\x00" + b"\x00\xd8" + b"\n\x00"  # a, low, b, high, newline
+    assert text.decode(lone) == "a\ufffdb\ufffd\n".encode()
+    rng = random.Random(7)
+    garbage = b"\xff\xfe" + bytes(rng.randrange(256) for _ in range(1 << 16))
+    text = Transcoder()
+    text.decode(garbage).decode("utf-8")  # valid UTF-8, whatever came in
+
+
+def test_transcoder_reset_and_begin_decide_anew() -> None:
+    """After a reset (a new file) its first bytes decide again; a read that begins mid-file takes the file's first
+    bytes from `begin`, and steps over half a code unit at an odd offset."""
+    data = b"\xff\xfe" + "line one\nline two\n".encode("utf-16-le")
+    text = Transcoder()
+    text.decode(data)
+    text.reset()
+    assert text.decode(b"plain\n") == b"plain\n" and text.codec is None
+    for offset, expected in ((1, b"line one\nline two\n"), (2, b"line one\nline two\n"), (19, b"line two\n"),
+                             (20, b"line two\n")):
+        text = Transcoder()
+        text.begin(data[:2], offset)
+        assert text.decode(data[offset:]) == expected
+    text = Transcoder()
+    text.begin(b"pl", 3)
+    assert text.decode(b"ain\n") == b"ain\n"
