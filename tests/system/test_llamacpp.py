@@ -24,7 +24,8 @@ def phase(scrape: Scrape, server: str) -> str | None:
                  if s.labels.get("server") == server and s.value == 1), None)
 
 
-def test_a_healthy_start_reads_serving_from_its_log_and_its_requests_are_counted(exporter, llama) -> None:
+def test_a_healthy_start_reads_serving_from_its_log_and_its_requests_are_counted(exporter, llama,
+                                                                                 tmp_path: Path) -> None:
     """Today's format (no `build:` line, `srv  llama_server: model loaded`, `listening on`, each line after its uptime
     and level letter) reads `serving` from the log alone; three completions of 8 tokens are 24 tokens on its page."""
     e = exporter(config=CONFIG)
@@ -38,6 +39,8 @@ def test_a_healthy_start_reads_serving_from_its_log_and_its_requests_are_counted
                                           source="metrics") == 24 and s, what="24 tokens counted")
     assert scrape.value("stallwatch_engine_loop_up", server=server.name) == 1
     assert scrape.value("stallwatch_probe_success", server=server.name) == 1
+    out = diagnose(tmp_path, server.name, config=None)
+    assert out.returncode == 0 and "VERDICT: HEALTHY" in out.stdout and "serving" in out.stdout, out.stdout
 
 
 def test_a_clean_stop_then_a_restart_in_the_same_log(exporter, llama) -> None:
@@ -60,9 +63,9 @@ def test_a_clean_stop_then_a_restart_in_the_same_log(exporter, llama) -> None:
     assert scrape.value("stallwatch_server_stop_requested", server=first.name) == 0
 
 
-def test_a_kill_is_not_a_stop(exporter, llama) -> None:
+def test_a_kill_is_not_a_stop(exporter, llama, tmp_path: Path) -> None:
     """SIGKILL leaves no stop line: the server is down without having been asked to stop (InferenceServerDown
-    pages it)."""
+    pages it), and `diagnose NAME`, its process gone, still reports it: down, last serving."""
     e = exporter(config=CONFIG)
     server = llama()
     server.wait_healthy()
@@ -71,6 +74,9 @@ def test_a_kill_is_not_a_stop(exporter, llama) -> None:
     server.wait()
     scrape = e.wait_for(lambda s: s.value("stallwatch_server_up", server=server.name) == 0 and s, what="down")
     assert scrape.value("stallwatch_server_stop_requested", server=server.name) == 0
+    out = diagnose(tmp_path, server.name, f"--web.listen-address=127.0.0.1:{e.port}", config=None)
+    verdict = next((line for line in out.stdout.splitlines() if line.startswith("VERDICT:")), out.stdout)
+    assert out.returncode == 1 and verdict.startswith("VERDICT: DOWN") and "last in serving" in verdict, out.stdout
 
 
 def test_a_model_that_fails_to_load_is_failed(exporter, llama, tmp_path: Path) -> None:
