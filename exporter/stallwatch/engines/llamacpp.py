@@ -32,9 +32,12 @@ ENGINE = Engine(
         # `llama_model_load_from_file_impl: failed to load model`; `ggml/src/gguf.cpp`: `failed to read magic`;
         # the server's `load_model: failed to load model, '...'`), and ggml's aborts (`ggml/src/ggml.c`
         # `GGML_ASSERT(x) failed`; `ggml-cuda/ggml-cuda.cu` `ggml_cuda_error`: `CUDA error: ...`, `ROCm error: ...`
-        # in the HIP build, `MUSA error: ...`).
+        # in the HIP build, `MUSA error: ...`; `GGML_ABORT("fatal error")`, which `ggml_abort` prints after its
+        # `%s:%d: ` source file and line, `Fatal error` in ik_llama.cpp's `ggml/src/iqk/iqk_mul_mat.cpp`; a
+        # compiler's `file.c:12:10: fatal error:` has a column after the line and is none).
         rule(r"error loading model|failed to load model|failed to read magic", phase="failed", event="fatal"),
-        rule(r"GGML_ASSERT\(.*\) failed|(?:CUDA|ROCm|MUSA) error: ", phase="failed", event="fatal"),
+        rule(r"GGML_ASSERT\(.*\) failed|(?:CUDA|ROCm|MUSA) error: |\.(?:c|cc|cpp|cu|cuh|h):\d+: [Ff]atal error",
+             phase="failed", event="fatal"),
         # The server gives up (`tools/server/server.cpp`: `%s: exiting due to model loading error`, from `main` or,
         # since 2026, `llama_server`), after the cleanup line it prints on every exit.
         rule(r": exiting due to", phase="failed", event="fatal", after_stop=True),

@@ -209,6 +209,17 @@ def test_sglang_request_error_and_llamacpp_send_error_are_not_fatal() -> None:
     assert llamacpp.snapshot().events["fatal"] == 0 and llamacpp.snapshot().phase == "serving"
 
 
+def test_a_ggml_abort_of_fatal_error_while_serving_fails() -> None:
+    """`GGML_ABORT("fatal error")`, as ggml's `ggml_abort` prints it (ik_llama.cpp issue #530, while serving);
+    the counter-test: a compiler's `fatal error:` after a line and a column is no abort."""
+    abort = "/home/mukul/dev-ai/ik_llama.cpp/ggml/src/iqk/iqk_mul_mat.cpp:700: Fatal error\n"
+    interpreter = fed("llamacpp", t.llamacpp_healthy(), abort)
+    assert interpreter.snapshot().events["fatal"] == 1 and interpreter.snapshot().phase == "failed"
+    compiler = "tools/server/server.cpp:12:10: fatal error: llama.h: No such file or directory\n"
+    interpreter = fed("llamacpp", t.llamacpp_healthy(), compiler)
+    assert interpreter.snapshot().events["fatal"] == 0 and interpreter.snapshot().phase == "serving"
+
+
 def test_tgi_method_error_while_serving_is_not_fatal() -> None:
     line = "2024-06-03T07:10:01.000001Z ERROR text_generation_launcher: Method Prefill encountered an error.\n"
     assert fed("tgi", t.tgi_healthy(), line).snapshot().events["fatal"] == 0
