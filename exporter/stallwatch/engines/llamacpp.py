@@ -16,11 +16,12 @@ ENGINE = Engine(
                         tokens="llamacpp:tokens_predicted_total", needs_flag=("--metrics",)),
     rules=(
         # The banner: `build: 4785 (aa6192d3) with ...`, `build_info: b8680-15f786e65` since b8600
-        # (`common/common.cpp`), and ggml's CUDA or ROCm backend's first line, printed before it
-        # (`ggml/src/ggml-cuda/ggml-cuda.cu` `ggml_cuda_init`: `found N CUDA devices`), the one banner of a build
-        # that prints no build line at its default verbosity.
-        rule(r"^build(?:_info)?: b?\d+|ggml_cuda_init: found \d+ (?:CUDA|ROCm|MUSA) devices", phase="launching",
-             launch=True),
+        # (`common/common.cpp`), and ggml's CUDA or ROCm backend's first line (`ggml/src/ggml-cuda/ggml-cuda.cu`
+        # `ggml_cuda_init`: `found N CUDA devices`), the one banner of a build that prints no build line at its
+        # default verbosity: printed before the build line since the backends load at startup, after it, at model
+        # load, in older builds (b3802), so a second banner there.
+        rule(r"^build(?:_info)?: b?\d+", phase="launching", launch=True),
+        rule(r"ggml_cuda_init: found \d+ (?:CUDA|ROCm|MUSA) devices", phase="launching", second_banner=True),
         rule(r"main: loading model|load_model: loading model|llama_model_loader: ", phase="loading_weights"),
         rule(r"llama_kv_cache|llama_context: ", phase="allocating_memory"),
         # `main:` up to 2026, `llama_server:` since (`tools/server/server.cpp`, its `LOG_INF("%s: ...", __func__)`);
