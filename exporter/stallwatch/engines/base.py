@@ -43,18 +43,23 @@ class Rule:
     # A failure the engine reports after its stop line, which it prints on every exit (llama.cpp's `exiting due to
     # model loading error` after `cleaning up before exit...`): a failure still.
     after_stop: bool = False
+    # A banner that some builds print before the engine's main banner and older ones after it, within the same
+    # launch (llama.cpp's `ggml_cuda_init`: at startup since the backends load first, at model load before): after
+    # a main banner of this launch it starts no new one.
+    second_banner: bool = False
 
 
 def rule(regex: str, phase: str | None = None, event: str | None = None, *, launch: bool = False,
-         stop: bool = False, serving: bool = True, traceback: bool = False, after_stop: bool = False) -> Rule:
+         stop: bool = False, serving: bool = True, traceback: bool = False, after_stop: bool = False,
+         second_banner: bool = False) -> Rule:
     if phase is not None and phase not in PHASES:
         raise ValueError(f"unknown phase {phase!r}")
     if event is not None and event not in EVENTS:
         raise ValueError(f"unknown event {event!r}")
-    if launch and phase != "launching":
+    if (launch or second_banner) and phase != "launching":
         raise ValueError("a launch banner is a launching line")
-    return Rule(re.compile(regex.encode(), re.MULTILINE), phase, event, launch, stop, serving, traceback,
-                after_stop)
+    return Rule(re.compile(regex.encode(), re.MULTILINE), phase, event, launch or second_banner, stop, serving,
+                traceback, after_stop, second_banner)
 
 
 # Lines printed by PyTorch, NCCL and Python itself, whatever engine runs on top of them.

@@ -27,13 +27,13 @@ ENGINE = Engine(
                           r"slots)\b", r"\bstop: cancel task, id_task = \d+"),
     rules=(
         # The banner: `build: 4785 (aa6192d3) with ...`, `build_info: b8680-15f786e65` since b8600
-        # (`common/common.cpp`), and ggml's CUDA or ROCm backend's first line, printed before it
-        # (`ggml/src/ggml-cuda/ggml-cuda.cu` `ggml_cuda_init`: `found N CUDA devices`), the one banner of a build
-        # that prints no build line at its default verbosity.
-        # Since 2026 no build line at the default verbosity: the server's own first line, `llama_server: initializing
-        # ...` (`tools/server/server.cpp` at b11434).
-        rule(r"^build(?:_info)?: b?\d+|ggml_cuda_init: found \d+ (?:CUDA|ROCm|MUSA) devices|"
-             r"llama_server: initializing \.\.\.", phase="launching", launch=True),
+        # (`common/common.cpp`); since 2026 no build line at the default verbosity, but the server's own first line,
+        # `llama_server: initializing ...` (`tools/server/server.cpp` at b11434). And ggml's CUDA or ROCm backend's
+        # first line (`ggml/src/ggml-cuda/ggml-cuda.cu` `ggml_cuda_init`: `found N CUDA devices`), the one banner of a
+        # build that prints neither at its default verbosity: printed before the build line since the backends load
+        # at startup, after it, at model load, in older builds (b3802), so a second banner there.
+        rule(r"^build(?:_info)?: b?\d+|llama_server: initializing \.\.\.", phase="launching", launch=True),
+        rule(r"ggml_cuda_init: found \d+ (?:CUDA|ROCm|MUSA) devices", phase="launching", second_banner=True),
         rule(r"main: loading model|load_model: loading model|llama_model_loader: ", phase="loading_weights"),
         rule(r"llama_kv_cache|llama_context: ", phase="allocating_memory"),
         # `main:` up to 2026, `llama_server:` since (`tools/server/server.cpp`, its `LOG_INF("%s: ...", __func__)`);
@@ -45,9 +45,12 @@ ENGINE = Engine(
         # `llama_model_load_from_file_impl: failed to load model`; `ggml/src/gguf.cpp`: `failed to read magic`;
         # the server's `load_model: failed to load model, '...'`), and ggml's aborts (`ggml/src/ggml.c`
         # `GGML_ASSERT(x) failed`; `ggml-cuda/ggml-cuda.cu` `ggml_cuda_error`: `CUDA error: ...`, `ROCm error: ...`
-        # in the HIP build, `MUSA error: ...`).
+        # in the HIP build, `MUSA error: ...`; `GGML_ABORT("fatal error")`, which `ggml_abort` prints after its
+        # `%s:%d: ` source file and line, `Fatal error` in ik_llama.cpp's `ggml/src/iqk/iqk_mul_mat.cpp`; a
+        # compiler's `file.c:12:10: fatal error:` has a column after the line and is none).
         rule(r"error loading model|failed to load model|failed to read magic", phase="failed", event="fatal"),
-        rule(r"GGML_ASSERT\(.*\) failed|(?:CUDA|ROCm|MUSA) error: ", phase="failed", event="fatal"),
+        rule(r"GGML_ASSERT\(.*\) failed|(?:CUDA|ROCm|MUSA) error: |\.(?:c|cc|cpp|cu|cuh|h):\d+: [Ff]atal error",
+             phase="failed", event="fatal"),
         # The server gives up (`tools/server/server.cpp`: `%s: exiting due to model loading error`, from `main` or,
         # since 2026, `llama_server`), after the cleanup line it prints on every exit.
         rule(r": exiting due to", phase="failed", event="fatal", after_stop=True),

@@ -104,6 +104,7 @@ class LogInterpreter:
         self._fatal_in_launch = False
         self._stopping = False  # the engine said it was asked to stop, in this launch
         self._banner_seen = False  # the engine's launch banner, in this launch
+        self._main_banner_seen = False  # a banner that is no `second_banner`, in this launch
         self._last_progress: float | None = None  # when a line that is not a heartbeat last came
         self._stats = StatsLineIntegrator(engine.stats_lines)
         self._timeline: list[str] = [self._phase]  # the phases of the current launch, in order
@@ -186,7 +187,7 @@ class LogInterpreter:
             if r.event == "fatal":
                 self._fatal_in_launch = True
             if r.phase is not None:
-                self._line_phase(r.phase, count_events, r.launch)
+                self._line_phase(r.phase, count_events, r.launch, r.second_banner)
         return seen
 
     def _read_traceback(self, block: bytes, pos: int, state: tracebacks.Open) -> tracebacks.Judged | tracebacks.Open:
@@ -224,15 +225,19 @@ class LogInterpreter:
         if found:
             self._shards.update(int(found.group(1)), int(found.group(2)))
 
-    def _line_phase(self, phase: str, count_events: bool, banner: bool = False) -> None:
+    def _line_phase(self, phase: str, count_events: bool, banner: bool = False, second: bool = False) -> None:
         if phase == "launching":
             # A launch's first banner is its own, whether the launch began at a new main process or the probe made
             # it `serving` before the log was read; a later one starts a new launch once this one got past
             # launching (a wrapper's banner before the engine's does not). Any other launching line (a draft
             # model's distributed init) starts one only when none was seen.
-            if self._launches == 0 or (banner and self._banner_seen and self._phase != "launching"):
+            # A second banner after this launch's main one (an older llama.cpp's `ggml_cuda_init` at model load)
+            # is this launch's.
+            if self._launches == 0 or (banner and self._banner_seen and self._phase != "launching"
+                                       and not (second and self._main_banner_seen)):
                 self._launch(count_events)
             self._banner_seen = self._banner_seen or banner
+            self._main_banner_seen = self._main_banner_seen or (banner and not second)
             return
         if self._phase == "failed" or (self._phase == "serving" and phase != "failed"):
             return  # only a new launch leaves `failed`; only a failure leaves `serving`
@@ -244,7 +249,7 @@ class LogInterpreter:
             self._count(["server_restart"])
         self._last_launch = self._wall()
         self._shards = ShardBars()
-        self._fatal_in_launch = self._stopping = self._banner_seen = False
+        self._fatal_in_launch = self._stopping = self._banner_seen = self._main_banner_seen = False
         self._stats.relaunched()
         self._enter("launching")
         self._timeline = ["launching"]

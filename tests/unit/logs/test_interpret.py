@@ -209,6 +209,34 @@ def test_sglang_request_error_and_llamacpp_send_error_are_not_fatal() -> None:
     assert llamacpp.snapshot().events["fatal"] == 0 and llamacpp.snapshot().phase == "serving"
 
 
+def test_a_ggml_abort_of_fatal_error_while_serving_fails() -> None:
+    """`GGML_ABORT("fatal error")`, as ggml's `ggml_abort` prints it (ik_llama.cpp issue #530, while serving);
+    the counter-test: a compiler's `fatal error:` after a line and a column is no abort."""
+    abort = "/home/mukul/dev-ai/ik_llama.cpp/ggml/src/iqk/iqk_mul_mat.cpp:700: Fatal error\n"
+    interpreter = fed("llamacpp", t.llamacpp_healthy(), abort)
+    assert interpreter.snapshot().events["fatal"] == 1 and interpreter.snapshot().phase == "failed"
+    compiler = "tools/server/server.cpp:12:10: fatal error: llama.h: No such file or directory\n"
+    interpreter = fed("llamacpp", t.llamacpp_healthy(), compiler)
+    assert interpreter.snapshot().events["fatal"] == 0 and interpreter.snapshot().phase == "serving"
+
+
+def test_an_older_llamacpps_cuda_init_at_model_load_is_the_same_launch() -> None:
+    """b3802 prints `build:` first and `ggml_cuda_init` at model load (ggml-org/llama.cpp issue #9587): one launch.
+    The counter-tests: a newer build prints `ggml_cuda_init` first, so its next one is a restart, whether a build
+    line follows it or, at today's default verbosity, none."""
+    cuda = "ggml_cuda_init: found 1 CUDA devices:\n"
+    older = fed("llamacpp", "build: 3802 (a5b57b08) with cc (Ubuntu 13.2.0-23ubuntu4) 13.2.0 for x86_64-linux-gnu\n",
+                "llama_model_loader: loaded meta data with 47 key-value pairs and 508 tensors\n", cuda,
+                "llm_load_tensors: ggml ctx size =    0.23 MiB\n")
+    assert older.snapshot().events["server_restart"] == 0 and older.snapshot().phase == "loading_weights"
+    newer = fed("llamacpp", cuda, "build_info: b8680-15f786e65\n", t.llamacpp_healthy(), cuda,
+                "build_info: b8680-15f786e65\n")
+    assert newer.snapshot().events["server_restart"] == 1 and newer.snapshot().phase == "launching"
+    bare = fed("llamacpp", cuda, "srv  llama_server: model loaded\n", "srv  llama_server: listening on http://x\n",
+               cuda)
+    assert bare.snapshot().events["server_restart"] == 1 and bare.snapshot().phase == "launching"
+
+
 def test_tgi_method_error_while_serving_is_not_fatal() -> None:
     line = "2024-06-03T07:10:01.000001Z ERROR text_generation_launcher: Method Prefill encountered an error.\n"
     assert fed("tgi", t.tgi_healthy(), line).snapshot().events["fatal"] == 0
