@@ -50,6 +50,7 @@ class Seen:
     phase: str
     shards: tuple[int, int] | None
     events: frozenset[str] = field(default_factory=frozenset)
+    counts: tuple[tuple[str, int], ...] = ()  # each event counted, by name: what a busy machine must count too
 
     def matches(self, reading: Reading) -> bool:
         return (self.phase == reading.phase and (reading.shards is None or self.shards == reading.shards)
@@ -85,18 +86,21 @@ def writes(data: bytes) -> list[bytes]:
     return [data[:2] + lines[0], *lines[1:]] if lines else [data]
 
 
-def replay(reading: Reading) -> Seen:
+def replay(reading: Reading, whole: bool = False) -> Seen:
+    """`whole`: the log fed in one block, as a follower far behind reads it, not a line at a time."""
     engine = ENGINES[reading.engine]
     interpreter = LogInterpreter(engine.as_worker() if reading.worker else engine, wall=lambda: 1e9)
     interpreter.process_started(1e9)
     if reading.serving_before:
         interpreter.probe_succeeded(1e9 + 1)
-    for line in Transcoder().decode(reading.path.read_bytes()).splitlines(keepends=True):
-        for part in line.split(b"\r"):
+    text = Transcoder().decode(reading.path.read_bytes())
+    for line in [text] if whole else text.splitlines(keepends=True):
+        for part in [line] if whole else line.split(b"\r"):
             if part.strip():
                 interpreter.feed(part if part.endswith(b"\n") else part + b"\n")
     if not reading.alive:
         interpreter.process_gone()
     snap = interpreter.snapshot()
     shards = None if snap.shards_expected is None else (snap.shards_loaded or 0, snap.shards_expected)
-    return Seen(snap.phase, shards, frozenset(event for event, count in snap.events.items() if count))
+    counts = tuple(sorted((event, count) for event, count in snap.events.items() if count))
+    return Seen(snap.phase, shards, frozenset(event for event, _ in counts), counts)

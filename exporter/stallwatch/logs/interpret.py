@@ -168,6 +168,7 @@ class LogInterpreter:
               traceback: Callable[[], tracebacks.Judged | tracebacks.Open]) -> set[str]:
         """The events of one line; `traceback` reads on to the end of the traceback the line begins."""
         seen: set[str] = set()
+        opened = False  # this line began a traceback whose end is in a later block
         for group, match in matches:
             if group == SHARDS:
                 self._shard_line(match.group(0))
@@ -179,7 +180,9 @@ class LogInterpreter:
             if self._stopping and not r.after_stop and (r.event == "fatal" or r.phase == "failed"):
                 continue  # the engine's own shutdown (children ended by its SIGTERM), not a crash
             if r.traceback:
-                if self._judge_traceback(traceback()) and count_events:
+                verdict = traceback()
+                opened = isinstance(verdict, tracebacks.Open)
+                if self._judge_traceback(verdict) and count_events:
                     seen.add("fatal")
                 continue
             if r.event and count_events:  # one count per line and event
@@ -188,6 +191,10 @@ class LogInterpreter:
                 self._fatal_in_launch = True
             if r.phase is not None:
                 self._line_phase(r.phase, count_events, r.launch, r.second_banner)
+        if opened and "fatal" in seen and self._traceback is not None:
+            # The line counted its fatal already (`Scheduler hit an exception: Traceback ...`): one count per line
+            # and event, however many blocks its traceback spans.
+            self._traceback = self._traceback._replace(count_events=False)
         return seen
 
     def _read_traceback(self, block: bytes, pos: int, state: tracebacks.Open) -> tracebacks.Judged | tracebacks.Open:

@@ -20,6 +20,14 @@ def test_each_real_log_reads_as_the_expert_reads_it(reading: Reading) -> None:
     assert got.matches(reading), reading.row(got)
 
 
+@pytest.mark.parametrize("reading", READINGS, ids=[r.file for r in READINGS])
+def test_each_real_log_counts_the_same_events_in_one_block_as_line_by_line(reading: Reading) -> None:
+    """What is counted does not depend on how the follower's reads cut the log (a busy machine reads it in a few
+    large blocks, a quiet one a line at a time): `Scheduler hit an exception: Traceback ...` is one fatal line
+    whether its traceback ends in the same block or a later one (it counted twice when read line by line)."""
+    assert replay(reading, whole=True).counts == replay(reading).counts
+
+
 def test_the_corpus_is_pinned_and_spread() -> None:
     """Every file of the corpus has a reading and a row in SOURCES.md, and every reading its file."""
     folder = Path(READINGS[0].path).parent
