@@ -36,6 +36,17 @@ def _roots(candidates: Iterable[Candidate], matches: Callable[[Candidate], bool]
     return [c for c in matched if c.ppid not in pids]
 
 
+def _inside(candidate: Candidate, watched: set[int], parents: dict[int, int]) -> bool:
+    """Whether one of the process's ancestors (by `parents`, pid to parent pid) is in `watched`."""
+    pid, seen = candidate.ppid, set()
+    while pid not in watched:
+        if pid in seen or pid not in parents:
+            return False
+        seen.add(pid)
+        pid = parents[pid]
+    return True
+
+
 def _runs(program: re.Pattern[str]) -> Callable[[Candidate], bool]:
     """Whether a process runs the engine's program: not a shell, debugger or launcher given its path or a script
     that names it (`processes.invocation`), whose port is not the server's; the server is the process it starts."""
@@ -91,13 +102,16 @@ class Watcher:
                 changed |= self._attach(server, roots[0])
         self._skipping = 0
         if self.config.discovery.enabled:
-            for engine in ENGINES.values():
-                if engine.program is None:
-                    continue
-                for root in _roots(candidates, _runs(engine.program)):
-                    if root.pid not in claimed:
-                        claimed.add(root.pid)
-                        changed |= self._discovered(engine, root)
+            # Every engine's matches first: a process in the tree of a watched server, whatever its engine, is part of
+            # it (Ollama's `llama-server` runners, a worker forked with its parent's argv), never a server of its own.
+            found = [(engine, c) for engine in ENGINES.values() if engine.program is not None
+                     for c in filter(_runs(engine.program), candidates)]
+            watched = claimed | {c.pid for _, c in found}
+            parents = {c.pid: c.ppid for c in candidates}
+            for engine, root in found:
+                if root.pid not in claimed and not _inside(root, watched, parents):
+                    claimed.add(root.pid)
+                    changed |= self._discovered(engine, root)
         self.skipped = self._skipping
         for server in self.servers():
             changed |= server.refresh_network()

@@ -43,18 +43,24 @@ class Rule:
     # A failure the engine reports after its stop line, which it prints on every exit (llama.cpp's `exiting due to
     # model loading error` after `cleaning up before exit...`): a failure still.
     after_stop: bool = False
+    # A failure of one of the server's runners, which the server outlives (an Ollama model load that fails while the
+    # server serves its other models): its event counts, and the launch has not failed for it.
+    runner: bool = False
 
 
 def rule(regex: str, phase: str | None = None, event: str | None = None, *, launch: bool = False,
-         stop: bool = False, serving: bool = True, traceback: bool = False, after_stop: bool = False) -> Rule:
+         stop: bool = False, serving: bool = True, traceback: bool = False, after_stop: bool = False,
+         runner: bool = False) -> Rule:
     if phase is not None and phase not in PHASES:
         raise ValueError(f"unknown phase {phase!r}")
     if event is not None and event not in EVENTS:
         raise ValueError(f"unknown event {event!r}")
     if launch and phase != "launching":
         raise ValueError("a launch banner is a launching line")
+    if runner and phase is not None:
+        raise ValueError("a runner's failure moves no phase of the server")
     return Rule(re.compile(regex.encode(), re.MULTILINE), phase, event, launch, stop, serving, traceback,
-                after_stop)
+                after_stop, runner)
 
 
 # Lines printed by PyTorch, NCCL and Python itself, whatever engine runs on top of them.
@@ -192,7 +198,9 @@ class Engine:
     default_port: int | None
     default_host: str = "127.0.0.1"
     health_path: str = "/health"
-    # Regex with a `role` group on a child's command line (set by setproctitle), e.g. `sglang::scheduler_TP3`.
+    # Regex on a child's command line: its `role` group is the role (a title set by setproctitle, e.g.
+    # `sglang::scheduler_TP3`), or else the name of its named group that matched is (a child that runs a program of
+    # its own: Ollama's `(?P<runner>llama-server|ollama runner)`).
     role_title: re.Pattern[str] | None = None
     rules: tuple[Rule, ...] = ()
     shards: re.Pattern[bytes] | None = None
