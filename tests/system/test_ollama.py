@@ -4,30 +4,13 @@ server of its own named after a random port (issue 28 item 1), and a load that t
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
 from pathlib import Path
-
-import pytest
 
 from support import transcripts as t
 from support.configs import FAST_REMEMBERING
 from support.harness import Ollama, Scrape, poll
 
 MODELS = [t.OLLAMA_BLOB[:-4] + suffix for suffix in ("aaa1", "bbb2", "ccc3")]
-
-
-@pytest.fixture
-def ollama(tmp_path: Path) -> Iterator[Callable[..., Ollama]]:
-    started: list[Ollama] = []
-
-    def start(*args: object, **kwargs: object) -> Ollama:
-        sim = Ollama(tmp_path, *args, **kwargs)  # type: ignore[arg-type]
-        started.append(sim)
-        return sim
-
-    yield start
-    for sim in started:
-        sim.stop()
 
 
 def _load(blob: str) -> list[list[object]]:
