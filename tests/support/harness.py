@@ -235,14 +235,13 @@ class Engine:
 
 
 class Ollama:
-    """A simulated `ollama serve` (tests/sim/bin/ollama) on Ollama's default port, with stdout and stderr in `log`:
-    it runs `steps` (see the simulator), each load's runner the simulated llama-server with `runner_transcript`, then
-    in the state `runner_final` (enginesim's `serve` or `stall`)."""
-
-    PORT = 11434  # `envconfig/config.go:20-25`; stallwatch does not read `OLLAMA_HOST` from its environment
+    """A simulated `ollama serve` (tests/sim/bin/ollama) on a free port given in `OLLAMA_HOST`, with stdout and stderr
+    in `log`: it runs `steps` (see the simulator), each load's runner the simulated llama-server with
+    `runner_transcript`, then in the state `runner_final` (enginesim's `serve` or `stall`)."""
 
     def __init__(self, tmp: Path, steps: list[list[object]], runner_transcript: str,
                  runner_final: str = "serve") -> None:
+        self.port = free_port()
         transcript = tmp / "ollama-runner.transcript"
         transcript.write_text(runner_transcript)
         runner = tmp / "ollama-runner.json"
@@ -250,8 +249,8 @@ class Ollama:
         scenario = tmp / "ollama.json"
         scenario.write_text(json.dumps({"runner_scenario": str(runner), "steps": steps}))
         self.log = tmp / "ollama.log"
-        self.name = f"ollama-{self.PORT}"
-        env = dict(os.environ, OLLAMA_SIM_SCENARIO=str(scenario))
+        self.name = f"ollama-{self.port}"
+        env = dict(os.environ, OLLAMA_SIM_SCENARIO=str(scenario), OLLAMA_HOST=f"127.0.0.1:{self.port}")
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen([str(SIM_BIN / "ollama"), "serve"], env=env, stdout=out,
                                          stderr=subprocess.STDOUT, start_new_session=True)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from support import transcripts as t
 from support.configs import FAST_REMEMBERING
-from support.harness import Ollama, Scrape, poll
+from support.harness import Scrape, poll
 
 MODELS = [t.OLLAMA_BLOB[:-4] + suffix for suffix in ("aaa1", "bbb2", "ccc3")]
 
@@ -32,9 +32,9 @@ def _phase(scrape: Scrape, server: str) -> str | None:
 
 def test_ten_load_and_unload_cycles_of_three_models_are_one_server_that_raises_nothing(exporter, ollama,
                                                                                         tmp_path: Path) -> None:
-    """The runners show as the role `runner` of `ollama-11434` while loaded; thirty loads and unloads later the
-    exporter has one server's series, still up and serving, no restart and no fatal event, and no runner was ever a
-    server (a gone one stays listed for `forget_after`, 30 s here)."""
+    """Ollama on the port its `OLLAMA_HOST` gives is `ollama-<port>`, its runners its role `runner` while loaded;
+    thirty loads and unloads later the exporter has one server's series, still up and serving, no restart and no
+    fatal event, and no runner was ever a server (a gone one stays listed for `forget_after`, 30 s here)."""
     gate = tmp_path / "unload"
     loads = [step for blob in MODELS for step in _load(blob)]
     unloads = [["unload"]] * len(MODELS)
@@ -55,7 +55,7 @@ def test_ten_load_and_unload_cycles_of_three_models_are_one_server_that_raises_n
     assert _series(scrape, runners) == []
     assert scrape.value("stallwatch_server_up", server=sim.name) == 1
     assert _phase(scrape, sim.name) == "serving"
-    assert scrape.value("stallwatch_probe_success", server=sim.name, url=f"http://127.0.0.1:{Ollama.PORT}/") == 1
+    assert scrape.value("stallwatch_probe_success", server=sim.name, url=f"http://127.0.0.1:{sim.port}/") == 1
     events = {ls["event"]: scrape.value("stallwatch_log_events_total", **ls)
               for ls in scrape.labelsets("stallwatch_log_events_total") if ls["server"] == sim.name}
     assert events and not any(events.values()), events

@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 
 from stallwatch.config import Config, ServerSpec
 from stallwatch.discovery import processes
+from stallwatch.discovery.deployment import read_environ
 from stallwatch.discovery.processes import Candidate, ProcessKey, ProcessTable
 from stallwatch.discovery.server import TREE_CACHE_SECONDS, Server
 from stallwatch.discovery.workload import Workload, locate
@@ -185,7 +186,8 @@ class Watcher:
     def _name(self, engine: Engine, root: Candidate, workload: Workload, uid: int | None) -> str:
         """A name unique on the node and stable across restarts of the same workload: a server by that name
         whose process is gone is the same workload restarted; one whose process lives is another server."""
-        name = printable(workload.name or f"{engine.name}-{engine.listen_address(root.argv)[1]}")
+        environ = read_environ(self.config.paths.procfs, root.pid, (engine.address_env,)) if engine.address_env else {}
+        name = printable(workload.name or f"{engine.name}-{engine.listen_address(root.argv, environ)[1]}")
         if self._taken(name, workload, uid) and workload.pod:
             name = f"{name}/{workload.container}"  # a second server in one pod
         base, suffix = name, 1

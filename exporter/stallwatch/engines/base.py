@@ -4,7 +4,7 @@ children, which log lines move the startup phase or count as events, and where i
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import NamedTuple
 
@@ -209,6 +209,9 @@ class Engine:
     routine_lines: re.Pattern[bytes] | None = None
     port_flags: tuple[str, ...] = ("--port",)
     host_flags: tuple[str, ...] = ("--host",)
+    # An environment variable that gives the listen address where no flag does (Ollama's `OLLAMA_HOST`,
+    # `[scheme://]host[:port][/path]`); None: the command line and the defaults only.
+    address_env: str | None = None
     model_flags: tuple[str, ...] = ()
     # The sub-command after which the model is the first positional argument (`vllm serve <model>`).
     model_command: str | None = None
@@ -234,12 +237,31 @@ class Engine:
         """The engine as a worker node of a multi-node deployment reads its log: its worker rules first."""
         return self if self.multinode is None else replace(self, rules=self.multinode.worker_rules + self.rules)
 
-    def listen_address(self, argv: Sequence[str]) -> tuple[str, int | None]:
-        """Host and port that the server listens on, from its argv or the engine defaults."""
-        host = flag_value(argv, self.host_flags) or self.default_host
-        port_text = flag_value(argv, self.port_flags)
+    def listen_address(self, argv: Sequence[str], environ: Mapping[str, str] | None = None) -> tuple[str, int | None]:
+        """Host and port that the server listens on, from its argv, its environment (`address_env`, in `environ`)
+        or the engine defaults."""
+        env_host, env_port = self._env_address(environ or {})
+        host = flag_value(argv, self.host_flags) or env_host or self.default_host
+        port_text = flag_value(argv, self.port_flags) or env_port
         port = int(port_text) if port_text and port_text.isascii() and port_text.isdigit() else self.default_port
         return host, port if port is not None and 0 < port < 65536 else self.default_port
+
+    def _env_address(self, environ: Mapping[str, str]) -> tuple[str, str]:
+        """Host and port text of `address_env` ("" each where it gives none), read as Ollama reads `OLLAMA_HOST`
+        (ollama/ollama `envconfig/config.go:22-59`): a scheme is optional and sets the default port (`http` 80,
+        `https` 443), a path after the address is dropped, `[::1]:N` is IPv6."""
+        value = environ.get(self.address_env, "").strip() if self.address_env else ""
+        if not value:
+            return "", ""
+        scheme, has_scheme, address = value.partition("://")
+        if not has_scheme:
+            scheme, address = "", value
+        address = address.split("/", 1)[0]
+        host, colon, port = address.rpartition(":")
+        bracketed = host.startswith("[") and host.endswith("]")
+        if not colon or ((":" in host or host.startswith("[")) and not bracketed):  # no port; a bare IPv6 address
+            host, port = address, {"http": "80", "https": "443"}.get(scheme, "")
+        return host.strip("[]"), port
 
     def model(self, argv: Sequence[str]) -> str:
         """The model the server was started with, from its flags or `<command> <model>`; "" when unknown."""

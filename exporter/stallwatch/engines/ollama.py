@@ -1,6 +1,6 @@
 """Ollama's `ollama serve`, strings as in ollama/ollama at fb307609 (2026-08-21; `server/routes.go`, `server/sched.go`,
 `llm/llama_server.go`, `envconfig/config.go`) and, for the runner before 2026-05-29, at f63eea3d (2026-05-24,
-`llm/server.go`); host 127.0.0.1, port 11434 (`envconfig/config.go:20-25`).
+`llm/server.go`); host 127.0.0.1, port 11434, or the address in its `OLLAMA_HOST` (`envconfig/config.go:20-59`).
 
 Ollama starts a runner per loaded model and ends it after `OLLAMA_KEEP_ALIVE` (5 minutes idle,
 `envconfig/config.go:126-144`): upstream `llama-server --model <blob> --port <random> --host 127.0.0.1 --no-webui
@@ -16,8 +16,7 @@ runner to start responding`, `llama runner started in` before) are progress, lik
 heartbeat: the log only leaves `serving` on a failure of the server's own. A load that fails is one model's failure
 while the server goes on serving the others: a `fatal` event (the InferenceServerFatalLogEvents ticket) that is the
 runner's (`Rule.runner`), never the `failed` phase (InferenceServerFailed) nor a failed launch when the server
-later exits. Not read: `OLLAMA_HOST` from the process's environment (a server on another port is probed at
-11434), and `/api/ps` (the models loaded and their VRAM)."""
+later exits. Not read: `/api/ps` (the models loaded and their VRAM)."""
 
 import re
 
@@ -29,6 +28,7 @@ ENGINE = Engine(
     default_port=11434,
     port_flags=(),
     host_flags=(),
+    address_env="OLLAMA_HOST",
     # `server/routes.go:1877-1878`: `GET /` and `HEAD /` answer `Ollama is running` with 200 whatever the runners do:
     # a liveness check of the API process only.
     health_path="/",

@@ -108,3 +108,15 @@ def test_a_server_inside_a_configured_servers_tree_is_not_discovered(tmp_path: P
     w = watcher(tmp_path, [launcher, server], servers=(spec,))
     w.refresh()
     assert [(s.name, s.launch.pid) for s in w.servers()] == [("qwen", os.getppid())]
+
+
+def test_ollamas_address_is_read_from_its_environment(tmp_path: Path) -> None:
+    """`OLLAMA_HOST` moves Ollama's port (it has no flag for it): the name, the port and the probe follow it."""
+    ollama = candidate(os.getpid(), OLLAMA)
+    (tmp_path / str(ollama.pid)).mkdir()
+    (tmp_path / str(ollama.pid) / "environ").write_bytes(b"HOME=/usr/share/ollama\0OLLAMA_HOST=0.0.0.0:8000\0")
+    w = watcher(tmp_path, [ollama])
+    w.refresh()
+    [server] = w.servers()
+    assert (server.name, server.launch.port) == ("ollama-8000", 8000)
+    assert [t.probe.url for t in server.launch.probes] == ["http://127.0.0.1:8000/"]
