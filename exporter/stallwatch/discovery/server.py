@@ -228,9 +228,9 @@ class Server:
         """The health URL at an address of the server's own: in the exporter's network namespace its loopback
         (or the loopback address it binds), in another one the address its socket is bound to or its own
         address (the pod IP is what kubelet's probes dial: k8s.io/api core/v1 `HTTPGetAction.Host`, "defaults to
-        the pod IP"); a loopback-only socket there can only be reached from inside. Of the command line only the
-        port is used, and an IP `--host` as the guess of the bind until the server listens: never a name or a
-        path."""
+        the pod IP"); a loopback-only socket there can only be reached from inside. Of the command line (or the
+        engine's address variable, `OLLAMA_HOST`) only the port is used, and an IP host as the guess of the bind
+        until the server listens: never a name or a path."""
         host, port = launch.host, launch.port
         if port is None or launch.key is None:
             return ()
