@@ -66,7 +66,8 @@ def test_ten_load_and_unload_cycles_of_three_models_are_one_server_that_raises_n
 
 def test_a_load_that_times_out_is_a_fatal_event_of_a_server_that_keeps_serving(exporter, ollama) -> None:
     """The runner never answers (its port stays closed): after `OLLAMA_LOAD_TIMEOUT` Ollama logs `Load failed ...
-    timed out waiting for llama-server to start - ` and kills it. One fatal event; the phase stays `serving`."""
+    timed out waiting for llama-server to start - ` and kills it. One fatal event; the phase stays `serving`, and
+    Ollama stopped later (SIGTERM, its runners ended first) is `stopped`, not `failed`: the failure was a model's."""
     e = exporter(config=FAST_REMEMBERING)
     sim = ollama([["log", t.ollama_serving()], ["serve"], ["load", MODELS[0]], ["log", t.ollama_load(MODELS[0])],
                   ["sleep", 1.0], ["log", t.ollama_load_timeout(MODELS[0])], ["unload"]],
@@ -76,3 +77,7 @@ def test_a_load_that_times_out_is_a_fatal_event_of_a_server_that_keeps_serving(e
     assert _phase(scrape, sim.name) == "serving"
     assert scrape.value("stallwatch_server_up", server=sim.name) == 1
     assert _series(scrape, {f"llamacpp-{port}" for port in sim.runner_ports()}) == []
+    sim.proc.terminate()
+    sim.proc.wait(10)
+    scrape = e.wait_for(lambda s: _phase(s, sim.name) == "stopped" and s, what="stopped")
+    assert scrape.value("stallwatch_server_up", server=sim.name) == 0
