@@ -14,53 +14,58 @@ The folder says the kind (`pytest tests/unit` is the fast tier, `pytest -m "not 
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
-from support.harness import Engine, Exporter
+from support.harness import Engine, Exporter, Ollama
 from support.llamacpp import LlamaServer, require_llama_server, tiny_model
 from support.paths import ROOT
 from support.sandbox import require_root
 from support.stack import Daemon
 
 # `rig`: system/test_load.py; `pki`: openssl; `llama`: llama.cpp's own llama-server
-PROCESS_FIXTURES = {"exporter", "engine", "llama", "rig", "pki", "daemons"}
+PROCESS_FIXTURES = {"exporter", "engine", "ollama", "llama", "rig", "pki", "daemons"}
 FOLDER_KINDS = {"unit": (), "system": ("process",), "root": ("process", "root"), "e2e": ("process", "e2e"),
                 "shipped": ()}
 RUNS_THINGS = {"process", "root", "e2e"}
+T = TypeVar("T")
+
+
+def _processes(make: Callable[..., T]) -> Iterator[Callable[..., T]]:
+    """A fixture's starter of processes (`make`), each stopped after the test."""
+    started: list[T] = []
+
+    def start(*args: object, **kwargs: object) -> T:
+        made = make(*args, **kwargs)
+        started.append(made)
+        return made
+
+    yield start
+    for made in started:
+        made.stop()
 
 
 @pytest.fixture
 def exporter(tmp_path: Path) -> Iterator[Callable[..., Exporter]]:
-    started: list[Exporter] = []
-
-    def start(**kwargs: object) -> Exporter:
-        e = Exporter(tmp_path, **kwargs)  # type: ignore[arg-type]
-        started.append(e)
-        return e
-
-    yield start
-    for e in started:
-        e.stop()
+    yield from _processes(functools.partial(Exporter, tmp_path))
 
 
 @pytest.fixture
 def engine(tmp_path: Path) -> Iterator[Callable[..., Engine]]:
-    started: list[Engine] = []
+    yield from _processes(functools.partial(Engine, tmp_path))
 
-    def start(*args: object, **kwargs: object) -> Engine:
-        e = Engine(tmp_path, *args, **kwargs)  # type: ignore[arg-type]
-        started.append(e)
-        return e
 
-    yield start
-    for e in started:
-        e.stop()
+@pytest.fixture
+def ollama(tmp_path: Path) -> Iterator[Callable[..., Ollama]]:
+    """Starts the simulated `ollama serve` (support.harness.Ollama)."""
+    yield from _processes(functools.partial(Ollama, tmp_path))
 
 
 @pytest.fixture(scope="session")

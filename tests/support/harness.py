@@ -171,6 +171,13 @@ ENGINE_COMMANDS = {
 }
 
 
+def kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL to a process started in a session of its own and everything it started."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
 class Engine:
     """A simulated engine process (tests/sim/pkgs/enginesim.py) with stdout and stderr in `log`."""
 
@@ -224,9 +231,37 @@ class Engine:
         self.proc.wait(10)
 
     def stop(self) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait()
+        kill_group(self.proc)
+
+
+class Ollama:
+    """A simulated `ollama serve` (tests/sim/bin/ollama) on a free port given in `OLLAMA_HOST`, with stdout and stderr
+    in `log`: it runs `steps` (see the simulator), each load's runner the simulated llama-server with
+    `runner_transcript`, then in the state `runner_final` (enginesim's `serve` or `stall`)."""
+
+    def __init__(self, tmp: Path, steps: list[list[object]], runner_transcript: str,
+                 runner_final: str = "serve") -> None:
+        self.port = free_port()
+        transcript = tmp / "ollama-runner.transcript"
+        transcript.write_text(runner_transcript)
+        runner = tmp / "ollama-runner.json"
+        runner.write_text(json.dumps({"transcript": str(transcript), "final": runner_final}))
+        scenario = tmp / "ollama.json"
+        scenario.write_text(json.dumps({"runner_scenario": str(runner), "steps": steps}))
+        self.log = tmp / "ollama.log"
+        self.name = f"ollama-{self.port}"
+        env = dict(os.environ, OLLAMA_SIM_SCENARIO=str(scenario), OLLAMA_HOST=f"127.0.0.1:{self.port}")
+        with open(self.log, "ab") as out:
+            self.proc = subprocess.Popen([str(SIM_BIN / "ollama"), "serve"], env=env, stdout=out,
+                                         stderr=subprocess.STDOUT, start_new_session=True)
+
+    def runner_ports(self) -> list[str]:
+        """The ports of the runners it started so far, from its `starting llama-server` lines."""
+        lines = [line for line in self.log.read_text().splitlines() if 'msg="starting llama-server"' in line]
+        return [line.split(" --port ", 1)[1].split()[0] for line in lines]
+
+    def stop(self) -> None:
+        kill_group(self.proc)
 
 
 DIAGNOSE_STALE = "defaults:\n  stall:\n    log_stale: 1s\n"  # the stall counts after 1 s of silence, not 10 minutes

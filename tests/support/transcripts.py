@@ -365,3 +365,46 @@ def llamacpp_load_error() -> str:
         "srv    load_model: loading model '/models/missing.gguf'\n"
         "main: exiting due to model loading error\n"
     )
+
+
+# Ollama (ollama/ollama at fb307609, `exporter/stallwatch/engines/ollama.py`): Go slog text lines with their source.
+OLLAMA_BLOB = "/root/.ollama/models/blobs/sha256-6a0746a1ec1aef3e7ec53868f220ff6e389f6f8ef87a01d77c96807de94ca2aa"
+
+
+def _ol(source: str, message: str, rest: str = "", level: str = "INFO") -> str:
+    return f'time=2026-11-20T09:14:02.123Z level={level} source={source} msg="{message}"{rest}\n'
+
+
+def ollama_serving() -> str:
+    """`ollama serve` up to its listen line (`server/routes.go:1951-2008`)."""
+    return (_ol("routes.go:1951", "server config", ' env="map[OLLAMA_HOST:http://127.0.0.1:11434 '
+                'OLLAMA_KEEP_ALIVE:5m0s OLLAMA_LOAD_TIMEOUT:5m0s OLLAMA_MAX_LOADED_MODELS:0 OLLAMA_NUM_PARALLEL:1]"')
+            + _ol("routes.go:2008", "Listening on 127.0.0.1:11434 (version 0.33.0)")
+            # The shape of `app/server/server_test.go:289`'s recorded line, on a GPU.
+            + _ol("types.go:130", "inference compute", ' id=0 library=cuda variant=v12 compute=9.0 driver=12.8 '
+                  'name="NVIDIA H100 80GB HBM3" total="79.2 GiB" available="78.7 GiB"'))
+
+
+def ollama_load(blob: str = OLLAMA_BLOB, port: str = "{port}") -> str:
+    """A model load up to the runner's first answer (`llm/llama_server.go:433,1048,1295,1350`); the runner's own
+    llama.cpp lines follow in the same log."""
+    return (_ol("llama_server.go:433", "starting llama-server", f' cmd="/usr/local/lib/ollama/llama-server --model '
+                f'{blob} --port {port} --host 127.0.0.1 --no-webui --offline -c 4096 -np 1 --log-verbosity 4 '
+                '--no-log-prefix --no-log-timestamps"')
+            + _ol("llama_server.go:1048", "loading model via llama-server", f" model={blob}")
+            + _ol("llama_server.go:1295", "waiting for llama-server to start responding")
+            + _ol("llama_server.go:1350", "waiting for llama-server to become available",
+                  ' status="llm server loading model"'))
+
+
+def ollama_loaded(model: str = "/api/generate") -> str:
+    """The load's ready line (`llm/llama_server.go:1362`) and gin's line for the request that asked for it."""
+    return (_ol("llama_server.go:1362", "llama-server started in 1.02 seconds")
+            + f'[GIN] 2026/11/20 - 09:14:04 | 200 |  1.873412905s |       127.0.0.1 | POST     "{model}"\n')
+
+
+def ollama_load_timeout(blob: str = OLLAMA_BLOB) -> str:
+    """`OLLAMA_LOAD_TIMEOUT` passed with no load activity: the scheduler's line (`server/sched.go:641`,
+    `llm/llama_server.go:1336`) and gin's 500 for the request."""
+    return (_ol("sched.go:641", "Load failed", f' model={blob} error="timed out waiting for llama-server to start - "')
+            + '[GIN] 2026/11/20 - 09:19:03 | 500 |          5m0s |       127.0.0.1 | POST     "/api/generate"\n')

@@ -6,8 +6,9 @@ ranks over several nodes, `--headless`). Its key is the LeaderWorkerSet leader a
 injects into every container of a group (kubernetes-sigs/lws `pkg/utils/pod/pod_utils.go`: `LWS_LEADER_ADDRESS`,
 with `LWS_GROUP_SIZE` and `LWS_WORKER_INDEX`), else the engine's rendezvous address from its command line. The
 environment alone makes no member: a vLLM head that runs its ranks as Ray actors is one server under an LWS of
-two pods, and its workers run only `ray start`. The environment is another user's input: only the LWS keys are
-taken, from a bounded read, each value bounded, the key cut to address characters.
+two pods, and its workers run only `ray start`. The environment is another user's input: only the LWS keys (and an
+engine's listen address, `Engine.address_env`) are taken, from a bounded read, each value bounded, the key cut to
+address characters.
 """
 
 from __future__ import annotations
@@ -40,6 +41,11 @@ class Member:
     @property
     def worker(self) -> bool:
         return self.role == "worker"
+
+
+def environ_keys(engine: Engine) -> tuple[str, ...]:
+    """What of a server's environment is read: the LWS keys, and the engine's listen address (`address_env`)."""
+    return (*LWS_KEYS, engine.address_env) if engine.address_env else LWS_KEYS
 
 
 def read_environ(procfs: str, pid: int, keys: Sequence[str] = LWS_KEYS) -> dict[str, str]:

@@ -179,12 +179,13 @@ def cpu_totals(tree: Iterable[ProcSample]) -> dict[ProcessKey, float]:
 
 
 def role_name(cmdline: list[str], comm: str, title: re.Pattern[str] | None) -> str:
-    """A stable role from a child's title (`sglang::scheduler_TP3` -> `scheduler_TP3`), never a pid."""
+    """A stable role from a child's title (`sglang::scheduler_TP3` -> `scheduler_TP3`) or the program it runs
+    (`Engine.role_title`), never a pid."""
     if title is not None and cmdline:
         match = title.search(" ".join(cmdline))
-        if match:
+        if match and match.lastgroup is not None:
             # `sglang::tokenizer_worker:{pid}` would put a pid in a label.
-            return _PID_SUFFIX.sub("", match.group("role"))
+            return _PID_SUFFIX.sub("", match.group("role")) if match.lastgroup == "role" else match.lastgroup
     return comm or "unknown"
 
 

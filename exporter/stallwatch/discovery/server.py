@@ -24,7 +24,7 @@ import psutil
 
 from stallwatch.config import Config, Probe, ServerSpec
 from stallwatch.discovery import namespaces, netns
-from stallwatch.discovery.deployment import Member, membership, read_environ
+from stallwatch.discovery.deployment import Member, environ_keys, membership, read_environ
 from stallwatch.discovery.processes import (
     Candidate,
     CpuLedger,
@@ -66,7 +66,8 @@ class Launch:
     process: psutil.Process | None = field(default=None, compare=False)
     argv: tuple[str, ...] = ()
     workload: Workload = field(default_factory=Workload)
-    port: int | None = None  # the engine's port, from argv or the engine's default
+    host: str = ""  # the engine's host, from argv, its environment or the engine's default
+    port: int | None = None  # the engine's port, from argv, its environment or the engine's default
     model: str = ""
     tensor_parallel: str = ""
     listening: tuple[str, ...] | None = None  # addresses with a LISTEN socket on its port; None: unknown
@@ -151,9 +152,11 @@ class Server:
             except psutil.Error:
                 return False
             argv = candidate.argv
-            member = membership(self.engine, argv, read_environ(self._config.paths.procfs, candidate.pid))
+            environ = read_environ(self._config.paths.procfs, candidate.pid, environ_keys(self.engine))
+            member = membership(self.engine, argv, environ)
+            host, port = self.engine.listen_address(argv, environ)
             launch = Launch(
-                key=key, process=process, argv=argv, workload=workload, port=self.engine.listen_address(argv)[1],
+                key=key, process=process, argv=argv, workload=workload, host=host, port=port,
                 model=printable(self.engine.model(argv)), tensor_parallel=self.engine.tensor_parallel(argv),
                 probes=self.launch.probes,
                 log_sources=self.launch.log_sources if self.spec.logs else log_sources(
@@ -225,10 +228,10 @@ class Server:
         """The health URL at an address of the server's own: in the exporter's network namespace its loopback
         (or the loopback address it binds), in another one the address its socket is bound to or its own
         address (the pod IP is what kubelet's probes dial: k8s.io/api core/v1 `HTTPGetAction.Host`, "defaults to
-        the pod IP"); a loopback-only socket there can only be reached from inside. Of the command line only the
-        port is used, and an IP `--host` as the guess of the bind until the server listens: never a name or a
-        path."""
-        host, port = self.engine.listen_address(launch.argv)
+        the pod IP"); a loopback-only socket there can only be reached from inside. Of the command line (or the
+        engine's address variable, `OLLAMA_HOST`) only the port is used, and an IP host as the guess of the bind
+        until the server listens: never a name or a path."""
+        host, port = launch.host, launch.port
         if port is None or launch.key is None:
             return ()
         pid, procfs = launch.key.pid, self._config.paths.procfs

@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 
 from stallwatch.config import Config, ServerSpec
 from stallwatch.discovery import processes
+from stallwatch.discovery.deployment import read_environ
 from stallwatch.discovery.processes import Candidate, ProcessKey, ProcessTable
 from stallwatch.discovery.server import TREE_CACHE_SECONDS, Server
 from stallwatch.discovery.workload import Workload, locate
@@ -34,6 +35,17 @@ def _roots(candidates: Iterable[Candidate], matches: Callable[[Candidate], bool]
     matched = [c for c in candidates if matches(c)]
     pids = {c.pid for c in matched}
     return [c for c in matched if c.ppid not in pids]
+
+
+def _inside(candidate: Candidate, watched: set[int], parents: dict[int, int]) -> bool:
+    """Whether one of the process's ancestors (by `parents`, pid to parent pid) is in `watched`."""
+    pid, seen = candidate.ppid, set()
+    while pid not in watched:
+        if pid in seen or pid not in parents:
+            return False
+        seen.add(pid)
+        pid = parents[pid]
+    return True
 
 
 def _runs(program: re.Pattern[str]) -> Callable[[Candidate], bool]:
@@ -91,13 +103,16 @@ class Watcher:
                 changed |= self._attach(server, roots[0])
         self._skipping = 0
         if self.config.discovery.enabled:
-            for engine in ENGINES.values():
-                if engine.program is None:
-                    continue
-                for root in _roots(candidates, _runs(engine.program)):
-                    if root.pid not in claimed:
-                        claimed.add(root.pid)
-                        changed |= self._discovered(engine, root)
+            # Every engine's matches first: a process in the tree of a watched server, whatever its engine, is part of
+            # it (Ollama's `llama-server` runners, a worker forked with its parent's argv), never a server of its own.
+            found = [(engine, c) for engine in ENGINES.values() if engine.program is not None
+                     for c in filter(_runs(engine.program), candidates)]
+            watched = claimed | {c.pid for _, c in found}
+            parents = {c.pid: c.ppid for c in candidates}
+            for engine, root in found:
+                if root.pid not in claimed and not _inside(root, watched, parents):
+                    claimed.add(root.pid)
+                    changed |= self._discovered(engine, root)
         self.skipped = self._skipping
         for server in self.servers():
             changed |= server.refresh_network()
@@ -171,7 +186,8 @@ class Watcher:
     def _name(self, engine: Engine, root: Candidate, workload: Workload, uid: int | None) -> str:
         """A name unique on the node and stable across restarts of the same workload: a server by that name
         whose process is gone is the same workload restarted; one whose process lives is another server."""
-        name = printable(workload.name or f"{engine.name}-{engine.listen_address(root.argv)[1]}")
+        environ = read_environ(self.config.paths.procfs, root.pid, (engine.address_env,)) if engine.address_env else {}
+        name = printable(workload.name or f"{engine.name}-{engine.listen_address(root.argv, environ)[1]}")
         if self._taken(name, workload, uid) and workload.pod:
             name = f"{name}/{workload.container}"  # a second server in one pod
         base, suffix = name, 1

@@ -4,7 +4,7 @@ children, which log lines move the startup phase or count as events, and where i
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import NamedTuple
 
@@ -47,19 +47,24 @@ class Rule:
     # launch (llama.cpp's `ggml_cuda_init`: at startup since the backends load first, at model load before): after
     # a main banner of this launch it starts no new one.
     second_banner: bool = False
+    # A failure of one of the server's runners, which the server outlives (an Ollama model load that fails while the
+    # server serves its other models): its event counts, and the launch has not failed for it.
+    runner: bool = False
 
 
 def rule(regex: str, phase: str | None = None, event: str | None = None, *, launch: bool = False,
          stop: bool = False, serving: bool = True, traceback: bool = False, after_stop: bool = False,
-         second_banner: bool = False) -> Rule:
+         second_banner: bool = False, runner: bool = False) -> Rule:
     if phase is not None and phase not in PHASES:
         raise ValueError(f"unknown phase {phase!r}")
     if event is not None and event not in EVENTS:
         raise ValueError(f"unknown event {event!r}")
     if (launch or second_banner) and phase != "launching":
         raise ValueError("a launch banner is a launching line")
+    if runner and phase is not None:
+        raise ValueError("a runner's failure moves no phase of the server")
     return Rule(re.compile(regex.encode(), re.MULTILINE), phase, event, launch or second_banner, stop, serving,
-                traceback, after_stop, second_banner)
+                traceback, after_stop, second_banner, runner)
 
 
 # Lines printed by PyTorch, NCCL and Python itself, whatever engine runs on top of them.
@@ -197,7 +202,9 @@ class Engine:
     default_port: int | None
     default_host: str = "127.0.0.1"
     health_path: str = "/health"
-    # Regex with a `role` group on a child's command line (set by setproctitle), e.g. `sglang::scheduler_TP3`.
+    # Regex on a child's command line: its `role` group is the role (a title set by setproctitle, e.g.
+    # `sglang::scheduler_TP3`), or else the name of its named group that matched is (a child that runs a program of
+    # its own: Ollama's `(?P<runner>llama-server|ollama runner)`).
     role_title: re.Pattern[str] | None = None
     rules: tuple[Rule, ...] = ()
     shards: re.Pattern[bytes] | None = None
@@ -206,6 +213,9 @@ class Engine:
     routine_lines: re.Pattern[bytes] | None = None
     port_flags: tuple[str, ...] = ("--port",)
     host_flags: tuple[str, ...] = ("--host",)
+    # An environment variable that gives the listen address where no flag does (Ollama's `OLLAMA_HOST`,
+    # `[scheme://]host[:port][/path]`); None: the command line and the defaults only.
+    address_env: str | None = None
     model_flags: tuple[str, ...] = ()
     # The sub-command after which the model is the first positional argument (`vllm serve <model>`).
     model_command: str | None = None
@@ -231,12 +241,31 @@ class Engine:
         """The engine as a worker node of a multi-node deployment reads its log: its worker rules first."""
         return self if self.multinode is None else replace(self, rules=self.multinode.worker_rules + self.rules)
 
-    def listen_address(self, argv: Sequence[str]) -> tuple[str, int | None]:
-        """Host and port that the server listens on, from its argv or the engine defaults."""
-        host = flag_value(argv, self.host_flags) or self.default_host
-        port_text = flag_value(argv, self.port_flags)
+    def listen_address(self, argv: Sequence[str], environ: Mapping[str, str] | None = None) -> tuple[str, int | None]:
+        """Host and port that the server listens on, from its argv, its environment (`address_env`, in `environ`)
+        or the engine defaults."""
+        env_host, env_port = self._env_address(environ or {})
+        host = flag_value(argv, self.host_flags) or env_host or self.default_host
+        port_text = flag_value(argv, self.port_flags) or env_port
         port = int(port_text) if port_text and port_text.isascii() and port_text.isdigit() else self.default_port
         return host, port if port is not None and 0 < port < 65536 else self.default_port
+
+    def _env_address(self, environ: Mapping[str, str]) -> tuple[str, str]:
+        """Host and port text of `address_env` ("" each where it gives none), read as Ollama reads `OLLAMA_HOST`
+        (ollama/ollama `envconfig/config.go:22-59`): a scheme is optional and sets the default port (`http` 80,
+        `https` 443), a path after the address is dropped, `[::1]:N` is IPv6."""
+        value = environ.get(self.address_env, "").strip() if self.address_env else ""
+        if not value:
+            return "", ""
+        scheme, has_scheme, address = value.partition("://")
+        if not has_scheme:
+            scheme, address = "", value
+        address = address.split("/", 1)[0]
+        host, colon, port = address.rpartition(":")
+        bracketed = host.startswith("[") and host.endswith("]")
+        if not colon or ((":" in host or host.startswith("[")) and not bracketed):  # no port; a bare IPv6 address
+            host, port = address, {"http": "80", "https": "443"}.get(scheme, "")
+        return host.strip("[]"), port
 
     def model(self, argv: Sequence[str]) -> str:
         """The model the server was started with, from its flags or `<command> <model>`; "" when unknown."""

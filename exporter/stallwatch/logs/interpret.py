@@ -187,7 +187,7 @@ class LogInterpreter:
                 continue
             if r.event and count_events:  # one count per line and event
                 seen.add(r.event)
-            if r.event == "fatal":
+            if r.event == "fatal" and not r.runner:
                 self._fatal_in_launch = True
             if r.phase is not None:
                 self._line_phase(r.phase, count_events, r.launch, r.second_banner)

@@ -7,7 +7,16 @@ from pathlib import Path
 
 import pytest
 
-from stallwatch.discovery.processes import MAX_ROLES, OTHER_ROLE, CpuLedger, ProcessTable, ProcSample, invocation
+from stallwatch.discovery.processes import (
+    MAX_ROLES,
+    OTHER_ROLE,
+    CpuLedger,
+    ProcessTable,
+    ProcSample,
+    invocation,
+    role_name,
+)
+from stallwatch.engines import ENGINES
 from support.clock import Clock
 
 
@@ -154,3 +163,15 @@ def test_invocation_is_the_program_a_process_runs(argv: list[str], runs: str) ->
     """argv[0], or a Python interpreter's module or script: what an engine's `program` pattern matches from its
     start, so that a tool given a server's path is not that server."""
     assert invocation(argv) == runs
+
+
+@pytest.mark.parametrize(("name", "cmdline", "role"), [
+    ("tgi", ["/usr/local/bin/text-generation-server", "serve", "bigscience/bloom-560m"], "server"),
+    ("sglang", ["sglang::tokenizer_worker:4242"], "tokenizer_worker"),
+    ("ollama", ["/usr/local/lib/ollama/llama-server", "--model", "/root/.ollama/models/blobs/sha256-6a07", "--port",
+                "40123", "--host", "127.0.0.1", "--no-webui", "--offline"], "runner"),
+    ("ollama", ["/usr/local/bin/ollama", "runner", "--ollama-engine", "--model", "b", "--port", "40123"], "runner"),
+    ("ollama", ["/usr/bin/nvidia-smi"], "nvidia-smi"),
+])
+def test_a_role_is_a_childs_title_or_the_program_it_runs(name: str, cmdline: list[str], role: str) -> None:
+    assert role_name(cmdline, cmdline[0].rsplit("/", 1)[-1], ENGINES[name].role_title) == role

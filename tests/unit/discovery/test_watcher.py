@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from pathlib import Path
 
 import pytest
 
 from stallwatch.config import Discovery, ServerSpec
+from stallwatch.discovery.processes import Candidate
 from support.clock import Clock
 from support.watchers import candidate, watcher
 
@@ -60,3 +62,61 @@ def test_the_server_a_launcher_starts_is_discovered_not_the_launcher(tmp_path: P
     w = watcher(tmp_path, [launcher, dataclasses.replace(server, ppid=launcher.pid)])
     w.refresh()
     assert [(s.name, s.launch.pid) for s in w.servers()] == [("llamacpp-8081", os.getpid())]
+
+
+OLLAMA = ("/usr/local/bin/ollama", "serve")
+RUNNERS = [
+    ("/usr/local/lib/ollama/llama-server", "--model", "/root/.ollama/models/blobs/sha256-6a07", "--port", "40123",
+     "--host", "127.0.0.1", "--no-webui", "--offline", "-c", "4096", "-np", "1"),
+    ("/usr/local/bin/ollama", "runner", "--ollama-engine", "--model", "/root/.ollama/models/blobs/sha256-6a07",
+     "--port", "40123"),
+]
+
+
+@pytest.mark.parametrize("argv", RUNNERS, ids=["llama-server", "ollama-runner"])
+def test_an_ollama_runner_is_part_of_ollama_not_a_server(tmp_path: Path, argv: tuple[str, ...]) -> None:
+    """Ollama starts a runner per model load and ends it after its keep-alive: discovered on its own, each load
+    would be a new llama.cpp server named after a random port, and each unload InferenceServerDown (issue 28)."""
+    ollama = candidate(os.getppid(), OLLAMA)
+    runner = dataclasses.replace(candidate(os.getpid(), argv), ppid=ollama.pid)
+    w = watcher(tmp_path, [ollama, runner])
+    w.refresh()
+    assert [(s.name, s.launch.pid) for s in w.servers()] == [("ollama-11434", os.getppid())]
+
+
+def test_a_server_anywhere_in_a_watched_servers_tree_is_part_of_it(tmp_path: Path) -> None:
+    """The rule is the tree's, not Ollama's: a llama-server below a vLLM server through a shell that matches no
+    engine is still inside it, and one beside it is a server of its own."""
+    vllm = candidate(os.getppid(), ("vllm", "serve", "m", "--port", "8001"))
+    shell = Candidate(2**22 + 7, vllm.pid, vllm.create_time, ("sh", "-c", "llama-server"), "sh -c llama-server")
+    inside = dataclasses.replace(candidate(os.getpid(), ("llama-server", "--port", "8081")), ppid=shell.pid)
+    w = watcher(tmp_path, [vllm, shell, inside])
+    w.refresh()
+    assert [s.name for s in w.servers()] == ["vllm-8001"]
+    beside = dataclasses.replace(inside, ppid=1)
+    w = watcher(tmp_path, [vllm, shell, beside])
+    w.refresh()
+    assert sorted(s.name for s in w.servers()) == ["llamacpp-8081", "vllm-8001"]
+
+
+def test_a_server_inside_a_configured_servers_tree_is_not_discovered(tmp_path: Path) -> None:
+    """A configured server matched by its launcher's command line watches the tree below it: the engine it starts is
+    part of it."""
+    launcher = candidate(os.getppid(), ("/opt/models/run.sh", "qwen"))
+    server = dataclasses.replace(candidate(os.getpid(), ("llama-server", "--port", "8081")), ppid=launcher.pid)
+    spec = ServerSpec(engine="llamacpp", name="qwen", cmdline=re.compile(r"run\.sh qwen"))
+    w = watcher(tmp_path, [launcher, server], servers=(spec,))
+    w.refresh()
+    assert [(s.name, s.launch.pid) for s in w.servers()] == [("qwen", os.getppid())]
+
+
+def test_ollamas_address_is_read_from_its_environment(tmp_path: Path) -> None:
+    """`OLLAMA_HOST` moves Ollama's port (it has no flag for it): the name, the port and the probe follow it."""
+    ollama = candidate(os.getpid(), OLLAMA)
+    (tmp_path / str(ollama.pid)).mkdir()
+    (tmp_path / str(ollama.pid) / "environ").write_bytes(b"HOME=/usr/share/ollama\0OLLAMA_HOST=0.0.0.0:8000\0")
+    w = watcher(tmp_path, [ollama])
+    w.refresh()
+    [server] = w.servers()
+    assert (server.name, server.launch.port) == ("ollama-8000", 8000)
+    assert [t.probe.url for t in server.launch.probes] == ["http://127.0.0.1:8000/"]

@@ -461,6 +461,34 @@ def test_llamacpp_startup_and_load_error() -> None:
     assert run("llamacpp", t.llamacpp_load_error()).snapshot().phase == "failed"
 
 
+def test_ollama_serves_through_its_model_loads_and_a_failed_load_is_one_fatal_event() -> None:
+    """Ollama's phase is its API's: its loads' lines and its runners' own llama.cpp lines (in the same log) move
+    nothing, and a load that times out is a fatal event of that model's runner: the server still serves, and exits
+    stopped, not failed."""
+    ollama = fed("ollama", t.ollama_serving())
+    assert ollama.snapshot().phase == "serving"
+    for _ in range(3):
+        fed("ollama", t.ollama_load(port="40123"), t.llamacpp_healthy(), t.ollama_loaded(), interpreter=ollama)
+    snap = ollama.snapshot()
+    assert (snap.phase, snap.timeline, snap.launches) == ("serving", ("launching", "serving"), 1)
+    assert not any(snap.events.values())
+    fed("ollama", t.ollama_load(port="40124"), t.ollama_load_timeout(), interpreter=ollama)
+    assert (ollama.snapshot().phase, ollama.snapshot().events["fatal"]) == ("serving", 1)
+    assert ends(ollama) == ("stopped", 1)
+
+
+def test_ollama_polled_pages_are_heartbeats_and_a_generation_is_progress() -> None:
+    now = [100.0]
+    ollama = LogInterpreter(ENGINES["ollama"], wall=lambda: now[0])
+    ollama.feed(t.ollama_serving().encode())
+    for path, method in (("/", "GET"), ("/", "HEAD"), ("/api/version", "GET"), ("/api/ps", "GET")):
+        now[0] += 15
+        ollama.feed(f'[GIN] 2026/11/20 - 09:14:17 | 200 |  41.2µs |  127.0.0.1 | {method:<7} "{path}"\n'.encode())
+    assert ollama.snapshot().progress == 100.0
+    ollama.feed(t.ollama_loaded().encode())
+    assert ollama.snapshot().progress == now[0] == 160.0
+
+
 def test_generic_engine_rules_from_config() -> None:
     engine = ENGINES["generic"].with_rules([rule("booting my-server", phase="launching"),
                                             rule("weights ready", phase="warming_up"),

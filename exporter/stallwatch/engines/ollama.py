@@ -1,0 +1,60 @@
+"""Ollama's `ollama serve`, strings as in ollama/ollama at fb307609 (2026-08-21; `server/routes.go`, `server/sched.go`,
+`llm/llama_server.go`, `envconfig/config.go`) and, for the runner before 2026-05-29, at f63eea3d (2026-05-24,
+`llm/server.go`); host 127.0.0.1, port 11434, or the address in its `OLLAMA_HOST` (`envconfig/config.go:20-59`).
+
+Ollama starts a runner per loaded model and ends it after `OLLAMA_KEEP_ALIVE` (5 minutes idle,
+`envconfig/config.go:126-144`): upstream `llama-server --model <blob> --port <random> --host 127.0.0.1 --no-webui
+--offline ...` since 9db4bdba (2026-05-29, `llm/llama_server.go:336-378`), `ollama runner [--ollama-engine] --model
+<blob> --port N` before (`llm/server.go@f63eea3:357-363`). A runner is the role `runner` in the server's tree, never
+a server of its own (discovery drops a match inside a watched server's tree), so a load and an unload add no server
+and raise nothing.
+
+The phase is the server's, not a model's: `serving` from the API's listen line on, whatever its runners do. The load
+lines (`starting llama-server cmd=...` `:433`, `loading model via llama-server` `:1048`, `waiting for llama-server
+to start responding` `:1295`, `llama-server started in N seconds` `:1362`; `starting runner`, `waiting for llama
+runner to start responding`, `llama runner started in` before) are progress, like every line that is not a
+heartbeat: the log only leaves `serving` on a failure of the server's own. A load that fails is one model's failure
+while the server goes on serving the others: a `fatal` event (the InferenceServerFatalLogEvents ticket) that is the
+runner's (`Rule.runner`), never the `failed` phase (InferenceServerFailed) nor a failed launch when the server
+later exits. Not read: `/api/ps` (the models loaded and their VRAM)."""
+
+import re
+
+from stallwatch.engines.base import Engine, heartbeats, rule
+
+ENGINE = Engine(
+    name="ollama",
+    program=re.compile(r"(?:\S*/)?ollama serve\b"),
+    default_port=11434,
+    port_flags=(),
+    host_flags=(),
+    address_env="OLLAMA_HOST",
+    # `server/routes.go:1877-1878`: `GET /` and `HEAD /` answer `Ollama is running` with 200 whatever the runners do:
+    # a liveness check of the API process only.
+    health_path="/",
+    role_title=re.compile(r"(?:^|/)(?P<runner>llama-server|ollama runner)(?:\s|$)"),
+    # gin's access log (`gin.Default()`, `server/routes.go:1869`; gin-gonic/gin `logger.go` `defaultLogFormatter`:
+    # `[GIN] 2026/11/20 - 09:14:02 | 200 |  62.5µs |  127.0.0.1 | GET      "/"`) writes a line per request: those of
+    # the pages a monitor polls (stallwatch's own probe of `/`, `/api/version`, `/api/ps`, `/api/tags`, routes.go:1877-
+    # 1907) are heartbeats; a finished generation (`POST "/api/chat"`) is progress.
+    heartbeats=heartbeats(r'\[GIN\] .*\| (?:GET|HEAD) +"/(?:api/(?:version|ps|tags))?"'),
+    rules=(
+        # `Serve`'s first line (`server/routes.go:1951`): `msg="server config" env="map[...]"`.
+        rule(r'msg="server config"', phase="launching", launch=True),
+        # `server/routes.go:2008`: `msg="Listening on 127.0.0.1:11434 (version 0.30.1)"`.
+        rule(r'msg="Listening on \S+ \(version ', phase="serving"),
+        # A load that Ollama gave up on after `OLLAMA_LOAD_TIMEOUT` without load activity (5 minutes,
+        # `envconfig/config.go:146-164`), logged by the scheduler as `msg="Load failed" ... error="timed out waiting
+        # for llama-server to start - ..."` (`server/sched.go:641`, `llm/llama_server.go:1336`; `llama runner` and
+        # `error loading llama server` before: `llm/server.go@f63eea3:1413`, `server/sched.go@f63eea3:567`). A client
+        # that gives up mid-load ends it with `... to start: context canceled` (`llm/llama_server.go:1302`): no
+        # failure.
+        rule(r"timed out waiting for (?:llama-server|llama runner) to start - ", event="fatal", runner=True),
+        # A runner that exits while loading (`llm/llama_server.go:1306-1325`, `llm/server.go@f63eea3:1396-1404`) and
+        # one that exits with an error message captured from its output, loading or serving (`llm/llama_server.go:
+        # 1023` `msg="llama-server terminated" error=... exit=...`, `llm/server.go@f63eea3:316`). A runner ended
+        # after its keep-alive is killed with its last error cleared on ready (`:1360`, `:2575-2590`): no line.
+        rule(r'(?:llama-server|llama runner) process has terminated|msg="(?:llama-server|llama runner) terminated"',
+             event="fatal", runner=True),
+    ),
+)
