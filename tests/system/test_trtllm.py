@@ -67,5 +67,7 @@ def test_the_executors_death_under_a_live_http_server_is_failed(exporter, engine
     for sim in (still_200, unavailable):
         assert (s.value("stallwatch_log_events_total", server=sim.name, event="fatal") or 0) >= 1, sim.name
         assert s.value("stallwatch_server_up", server=sim.name) == 1, sim.name
-    e.wait_for(lambda s: s.value("stallwatch_probe_success", server=still_200.name) == 1, what="a later probe")
-    assert _phase(e.scrape(), still_200.name) == "failed"
+    failed_at = s.value("stallwatch_startup_phase_start_timestamp_seconds", server=still_200.name) or 0
+    later = e.wait_for(lambda s: (s.value("stallwatch_probe_last_success_timestamp_seconds", server=still_200.name)
+                                  or 0) > failed_at + 1 and s, what="a probe that answered after the failure")
+    assert _phase(later, still_200.name) == "failed"
