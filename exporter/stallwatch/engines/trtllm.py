@@ -1,8 +1,9 @@
 """TensorRT-LLM `trtllm-serve` (its OpenAI server, PyTorch and TensorRT backends), strings as in NVIDIA/TensorRT-LLM:
 `tensorrt_llm/commands/serve.py` at 00209af1 (the command, host `localhost`, port 8000), `tensorrt_llm/serve/
 openai_server.py` at 00057725 (routes, `/health`, `/prometheus/metrics`), `tensorrt_llm/__init__.py` (the banner),
-`tensorrt_llm/_torch/models/modeling_utils.py` (the weights bar), and the lines of published logs (issues #7703,
-#14500, PR #5291; a 1.3.0rc0 run's log). Its HTTP server is uvicorn (`uvicorn/lifespan/on.py`, `uvicorn/server.py`).
+`tensorrt_llm/_torch/models/modeling_utils.py` (the weights bar), `tensorrt_llm/executor/worker.py` and `proxy.py`,
+`cpp/tensorrt_llm/runtime/ipcNvlsMemory.cu` at 9e9a4afe, and the lines of published logs (issues #7703, #14500,
+PR #5291, NVIDIA/Model-Optimizer#1933). Its HTTP server is uvicorn (`uvicorn/lifespan/on.py`, `uvicorn/server.py`).
 
 Not covered: `trtllm-serve disaggregated` (`OpenAIDisaggServer`, a router in front of context and generation servers
 that holds no model and no GPU: its health is its workers'), `grpc` (no HTTP `/health`), `mm_embedding_serve` and
@@ -50,10 +51,10 @@ ENGINE = Engine(
         # #24).
         rule(r"Loading safetensors weights in parallel|\[TensorRT-LLM\]\[INFO\] Loaded engine size: ",
              phase="loading_weights"),
-        # After the weights (`Model init total -- 5.18s`, the 1.3.0rc0 log), the KV cache: `[TensorRT-LLM][INFO]
-        # [MemUsageChange] Allocated 59.50 GiB for max tokens in paged KV cache (6931712).` (1.x), `Max tokens in
-        # paged KV cache: 38400. Allocating 5033164800 bytes.` (nim-deploy #24), `Allocate 7616856064 bytes for k/v
-        # cache.` (triton-inference-server/tensorrtllm_backend #377).
+        # After the weights (`Model init total -- 49.14s`, each rank's, in published 1.x logs), the KV cache:
+        # `[TensorRT-LLM][INFO] [MemUsageChange] Allocated 59.50 GiB for max tokens in paged KV cache (6931712).`
+        # (1.x), `Max tokens in paged KV cache: 38400. Allocating 5033164800 bytes.` (nim-deploy #24), `Allocate
+        # 7616856064 bytes for k/v cache.` (triton-inference-server/tensorrtllm_backend #377).
         rule(r"Model init total -- |[Mm]ax tokens in paged KV cache|Allocate \d+ bytes for k/v cache",
              phase="allocating_memory"),
         # uvicorn's lifespan (`uvicorn/lifespan/on.py`) once `OpenAIServer`'s startup ran: the LLM is built.
@@ -78,7 +79,8 @@ ENGINE = Engine(
              phase="failed", event="fatal"),
         # The C++ runtime's errors (`[TensorRT-LLM][ERROR] ...`): fatal before serving; once serving one request's
         # error prints them too. `CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED not supported on GPU0.` is printed at every
-        # start on a GPU without multicast (the 1.3.0rc0 log, an H100 PCIe) and is no failure.
+        # start on a GPU without multicast (an H100 PCIe; `ipcNvlsMemory.cu` `ipcNvlsSupported`, `TLLM_LOG_ERROR` in 1.x
+        # builds, DEBUG in later sources) and is no failure.
         rule(r"\[TensorRT-LLM\]\[ERROR\] (?!CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED not supported)", event="fatal",
              serving=False),
     ),
