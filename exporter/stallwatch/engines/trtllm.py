@@ -11,7 +11,7 @@ the internal `disaggregated_mpi_worker`; Triton's TensorRT-LLM backend (`tritons
 
 import re
 
-from stallwatch.engines.base import MPI_RANK_DIED, Engine, MetricsSpec, rule
+from stallwatch.engines.base import MPI_RANK_DIED, Engine, MetricsSpec, heartbeats, rule
 
 ENGINE = Engine(
     name="trtllm",
@@ -37,6 +37,11 @@ ENGINE = Engine(
     # component's `[executor] `: `tensorrt_llm/logger.py`); the C++ runtime's `[TensorRT-LLM][INFO] ` is a
     # message's own start.
     line_prefix=rb"(?:\[\d\d/\d\d/\d{4}-\d\d:\d\d:\d\d\] \[TRT-LLM\] (?:\[RANK \d+\] )?\[[A-Z]\] (?:\[[a-z_]+\] )?)?",
+    # uvicorn's access log is on (`openai_server.py` `__call__`: `uvicorn.Config(..., log_level="info")`): every poll
+    # of a page prints `INFO:     127.0.0.1:40312 - "GET /health HTTP/1.1" 200 OK` (`uvicorn/logging.py`
+    # `AccessFormatter`), stallwatch's own probes and fetches among them. They say nothing of the engine: no progress.
+    heartbeats=heartbeats(r'INFO: +\S+ - "GET /(?:health|metrics|prometheus/metrics|v1/models|version)(?:\?\S*)? '
+                          r'HTTP/[\d.]+" \d+'),
     # The PyTorch backend's weights bar (`_torch/models/modeling_utils.py`, tqdm): `Loading weights concurrently:
     # 63%|██████▎ | 703/1113` (#7703), `Loading weights: 100%|...| 1190/1190` (PR #5291); without a terminal
     # `Loading weights concurrently: 100% 45/45 [...]`. It counts modules, not checkpoint files.

@@ -222,3 +222,15 @@ def test_a_json_page_is_no_figures(body: str) -> None:
     assert spec is not None
     with pytest.raises(ValueError, match="no samples"):
         parse_page(body, spec)
+
+
+def test_the_polls_of_its_pages_in_uvicorns_access_log_are_no_progress() -> None:
+    """Every probe and page fetch prints an access line: a server that does nothing else shows no progress; a
+    request that generates does."""
+    clock = iter(range(100, 200))
+    interpreter = LogInterpreter(TRTLLM, wall=lambda: float(next(clock)))
+    for path in ("/health", "/prometheus/metrics", "/metrics", "/v1/models"):
+        interpreter.feed(f'INFO:     127.0.0.1:40312 - "GET {path} HTTP/1.1" 200 OK\n'.encode())
+    assert interpreter.snapshot().progress is None
+    interpreter.feed(b'INFO:     10.0.3.7:51432 - "POST /v1/chat/completions HTTP/1.1" 200 OK\n')
+    assert interpreter.snapshot().progress is not None
