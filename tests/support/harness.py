@@ -168,6 +168,7 @@ ENGINE_COMMANDS = {
     "vllm": [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", "meta-llama/Llama-3.1-70B"],
     "llamacpp": [str(SIM_BIN / "llama-server"), "-m", "/models/qwen2.5-7b-instruct-q4_k_m.gguf"],
     "tgi": [str(SIM_BIN / "text-generation-launcher"), "--model-id", "bigscience/bloom-560m"],
+    "trtllm": [str(SIM_BIN / "trtllm-serve"), "serve", "meta-llama/Llama-3.1-8B-Instruct"],
 }
 
 
@@ -186,13 +187,14 @@ class Engine:
                  line_delay: float = 0.0, log_name: str | None = None, prefix: list[str] | None = None,
                  args: tuple[str, ...] = (), work: dict | None = None, on_sigterm: str | None = None,
                  supervise: dict | None = None, children: list[str] | None = None, http: str = "api",
-                 env: dict[str, str] | None = None, shell: str | None = None) -> None:
+                 env: dict[str, str] | None = None, shell: str | None = None, dies: dict | None = None) -> None:
         """`work`: the engine's own view once serving (requests, throughput, its `/metrics`; see enginesim).
         `on_sigterm`: what it logs when asked to stop. `supervise`: run it under tests/sim/bin/restart-always
         with these settings (`restart_sec`, `max_restarts`), restarted each time it exits. `children` (titles) and
         `http` (`api`, `dummy`, `none`): a worker node's processes and port (see enginesim). `env`: more of its
         environment (a LeaderWorkerSet's `LWS_*`). `shell`: started as `sh -c '<shell>; exec <the command>'`, as
-        container entrypoints do."""
+        container entrypoints do. `dies`: `{"after": s, "transcript": text, "health": 503}`, its engine dies behind
+        its live HTTP server that long after it began serving (see enginesim)."""
         self.port = port or free_port()
         self.log = tmp / (log_name or f"{engine}-{self.port}.log")
         stem = tmp / f"{engine}-{self.port}"
@@ -204,6 +206,10 @@ class Engine:
             stop_path = stem.with_suffix(".on-sigterm")
             stop_path.write_text(on_sigterm)
             extra["on_sigterm"] = str(stop_path)
+        if dies is not None:
+            death_path = stem.with_suffix(".dies")
+            death_path.write_text(dies["transcript"])
+            extra["dies"] = {**dies, "transcript": str(death_path)}
         scenario.write_text(json.dumps({
             "transcript": str(transcript_path), "final": final, "burn_child_seconds": burn_child_seconds,
             "load_http": load_http, "line_delay": line_delay, "children": children, "http": http, **extra,

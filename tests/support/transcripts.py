@@ -408,3 +408,88 @@ def ollama_load_timeout(blob: str = OLLAMA_BLOB) -> str:
     `llm/llama_server.go:1336`) and gin's 500 for the request."""
     return (_ol("sched.go:641", "Load failed", f' model={blob} error="timed out waiting for llama-server to start - "')
             + '[GIN] 2026/11/20 - 09:19:03 | 500 |          5m0s |       127.0.0.1 | POST     "/api/generate"\n')
+
+def _trt(clock: str, message: str, level: str = "I") -> str:
+    """The TensorRT-LLM Python logger's line (`tensorrt_llm/logger.py`)."""
+    return f"[11/20/2026-{clock}] [TRT-LLM] [{level}] {message}\n"
+
+
+def _trt_bar(desc: str, total: int, upto: int, steps: int = 8) -> str:
+    """A tqdm bar in its default format (`{desc}: {pct}%|{bar}| n/N [...]`) from 0 to `upto`, rewritten with `\\r`."""
+    parts = []
+    for i in range(steps + 1):
+        n = upto * i // steps
+        filled = 10 * n // total
+        parts.append(f"\r{desc}: {100 * n // total:3d}%|{'█' * filled}{' ' * (10 - filled)}| {n}/{total} "
+                     f"[00:{i:02d}<00:00, 35.06it/s]")
+    return "".join(parts) + "\n"
+
+
+def trtllm_until_weights(modules: int = 1113, upto: int | None = None) -> str:
+    """trtllm-serve 1.1 (PyTorch backend) from its banner into the weights bar, up to `upto` of `modules` (all of
+    them by default; #7703 stopped at 703/1113). The MPI worker's harmless multicast error comes at every start."""
+    return (
+        "[TensorRT-LLM] TensorRT-LLM version: 1.1.0rc3\n"
+        + _trt("09:14:02", "Using LLM with PyTorch backend")
+        + _trt("09:14:02", "neither checkpoint_format nor checkpoint_loader were provided, checkpoint_format will be "
+               "set to HF.")
+        + "rank 0 using MpiPoolSession to spawn MPI processes\n"
+        + "[TensorRT-LLM][INFO] Refreshed the MPI local session\n"
+        + "[TensorRT-LLM][ERROR] CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED not supported on GPU0.\n"
+        + "Loading safetensors weights in parallel: 100%|██████████| 6/6 [00:00<00:00, 105.78it/s]\n"
+        + _trt_bar("Loading weights concurrently", modules, modules if upto is None else upto)
+    )
+
+
+def trtllm_healthy() -> str:
+    """trtllm-serve up to uvicorn's ready line: the weights, the KV cache, the server (no `Uvicorn running on`: the
+    socket is passed in)."""
+    return (
+        trtllm_until_weights()
+        + "Model init total -- 41.18s\n"
+        + "[TensorRT-LLM][INFO] Max KV cache blocks per sequence: 4097 [window size=131072], tokens per block=32, "
+          "primary blocks=216616, secondary blocks=0, max sequence length=131072\n"
+        + "[TensorRT-LLM][INFO] Number of tokens per block: 32.\n"
+        + "[TensorRT-LLM][INFO] [MemUsageChange] Allocated 59.50 GiB for max tokens in paged KV cache (6931712).\n"
+        + "INFO:     Started server process [4242]\n"
+        + "INFO:     Waiting for application startup.\n"
+        + "INFO:     Application startup complete.\n"
+    )
+
+
+def trtllm_executor_died(job: int = 2) -> str:
+    """What a rank of the executor prints as it dies of a signal under MPI (Open MPI's `opal/util/stacktrace.c`),
+    then mpirun's summary (`help-errmgr-base`); uvicorn goes on answering."""
+    rank = "[gpu-node-7:04311]"
+    return (
+        f"{rank} *** Process received signal ***\n"
+        f"{rank} Signal: Segmentation fault (11)\n"
+        f"{rank} Signal code: Address not mapped (1)\n"
+        f"{rank} Failing at address: 0x10\n"
+        f"{rank} *** End of error message ***\n"
+        "--------------------------------------------------------------------------\n"
+        f"Child job {job} terminated normally, but 1 process returned\n"
+        "a non-zero exit code. Per user-direction, the job has been aborted.\n"
+        "--------------------------------------------------------------------------\n"
+    )
+
+
+def trtllm_request_error() -> str:
+    """One request's error while serving (`openai_server.py`: `except Exception` logs the traceback and answers
+    400): the server goes on."""
+    return (
+        _trt("09:31:07", "Traceback (most recent call last):", level="E")
+        + '  File "/usr/local/lib/python3.12/dist-packages/tensorrt_llm/serve/openai_server.py", line 618, in '
+          "openai_chat\n"
+        + "    prompt = prompt_inputs(prompt)\n"
+        + "ValueError: prompt is too long: 140000 tokens > max_seq_len 131072\n"
+        + 'INFO:     127.0.0.1:51432 - "POST /v1/chat/completions HTTP/1.1" 400 Bad Request\n'
+    )
+
+
+def trtllm_stop() -> str:
+    """uvicorn's shutdown on SIGTERM (`uvicorn/server.py`, `uvicorn/lifespan/on.py`)."""
+    return ("INFO:     Shutting down\n"
+            "INFO:     Waiting for application shutdown.\n"
+            "INFO:     Application shutdown complete.\n"
+            "INFO:     Finished server process [4242]\n")

@@ -33,7 +33,7 @@ def _page(engine: str, work: dict) -> str:
     return enginesim.Work(engine, work).page().decode()
 
 
-@pytest.mark.parametrize("engine", ["vllm", "sglang", "tgi", "llamacpp"])
+@pytest.mark.parametrize("engine", ["vllm", "sglang", "tgi", "llamacpp", "trtllm"])
 def test_each_engines_page_sums_its_ranks(engine: str) -> None:
     spec = ENGINES[engine].metrics
     assert spec is not None

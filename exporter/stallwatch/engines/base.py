@@ -67,6 +67,11 @@ def rule(regex: str, phase: str | None = None, event: str | None = None, *, laun
                 traceback, after_stop, second_banner, runner)
 
 
+# Open MPI (mpirun, as TensorRT-LLM and multi-node llama.cpp run): a rank's signal handler
+# (`opal/util/stacktrace.c`) and the launcher's summary when a rank exits non-zero (`orte/.../help-errmgr-base`).
+MPI_RANK_DIED = (r"\*\*\* Process received signal \*\*\*|(?:Primary|Child) job +\d* *terminated normally, but \d+ "
+                 r"process(?:es)? returned")
+
 # Lines printed by PyTorch, NCCL and Python itself, whatever engine runs on top of them.
 COMMON_RULES: tuple[Rule, ...] = (
     rule(r"Watchdog caught collective operation timeout", event="nccl_timeout"),
@@ -87,10 +92,7 @@ COMMON_RULES: tuple[Rule, ...] = (
     # engine's rules).
     rule(r"Traceback \(most recent call last\)", event="fatal", serving=False, traceback=True),
     rule(r"terminate called after throwing an instance", event="fatal"),
-    # Open MPI (mpirun, as TensorRT-LLM and multi-node llama.cpp run): a rank's signal handler
-    # (`opal/util/stacktrace.c`) and the launcher's summary when a rank exits non-zero (`orte/.../help-errmgr-base`).
-    rule(r"\*\*\* Process received signal \*\*\*|(?:Primary|Child) job +\d* *terminated normally, but \d+ "
-         r"process(?:es)? returned", event="fatal"),
+    rule(MPI_RANK_DIED, event="fatal"),
     # A stop asked of the process from outside: abseil's failure signal handler (Ray's workers, `logging.cc`:
     # `*** SIGTERM received at time=... ***`) and hf-xet's SIGINT handler during a model download from the Hub
     # (huggingface/xet-core `xet_threadpool`: `Cancellation requested; stopping current tasks.`).
@@ -127,6 +129,9 @@ class MetricsSpec:
     # Flags of which one must be on the command line for `/metrics` to be served; () when always served.
     needs_flag: tuple[str, ...] = ()
     path: str = "/metrics"
+    # HTTP statuses that say the page is not turned on, where what turns it on is not on the command line (a file of
+    # options): no page, as without the flag, not a page that fails.
+    absent_status: tuple[int, ...] = ()
     same_over: tuple[str, ...] = ()
     # The engine's main loop answers the page itself (llama.cpp posts it as a task and waits): a fetch that times out
     # is a request the loop holds unanswered, while its HTTP threads (and `/health`) may still answer.
@@ -217,8 +222,9 @@ class Engine:
     # `[scheme://]host[:port][/path]`); None: the command line and the defaults only.
     address_env: str | None = None
     model_flags: tuple[str, ...] = ()
-    # The sub-command after which the model is the first positional argument (`vllm serve <model>`).
-    model_command: str | None = None
+    # The sub-commands or programs (by the last part of their path) after which the model is the first positional
+    # argument, the first of them found in this order: `vllm serve <model>`, `trtllm-serve [serve] <model>`.
+    model_commands: tuple[str, ...] = ()
     tp_flags: tuple[str, ...] = ()
     metrics: MetricsSpec | None = None  # None: no `/metrics` page known
     stats_lines: tuple[StatsLine, ...] = ()
@@ -270,8 +276,10 @@ class Engine:
     def model(self, argv: Sequence[str]) -> str:
         """The model the server was started with, from its flags or `<command> <model>`; "" when unknown."""
         found = flag_value(argv, self.model_flags)
-        if found is None and self.model_command in argv:
-            rest = argv[argv.index(self.model_command) + 1:]
+        names = [arg.rsplit("/", 1)[-1] for arg in argv]
+        command = next((command for command in self.model_commands if command in names), None)
+        if found is None and command is not None:
+            rest = argv[names.index(command) + 1:]
             found = rest[0] if rest and not rest[0].startswith("-") else None
         return found or ""
 

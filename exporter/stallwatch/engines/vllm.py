@@ -23,7 +23,7 @@ ENGINE = Engine(
     role_title=re.compile(r"^VLLM::(?P<role>[A-Za-z0-9_]+)"),
     shards=CHECKPOINT_SHARDS,
     model_flags=("--model",),
-    model_command="serve",
+    model_commands=("serve",),
     tp_flags=("--tensor-parallel-size", "-tp"),
     # `vllm/v1/metrics/loggers.py` PrometheusStatLogger: gauges and the counter (text format `_total`), one series
     # per DP engine (labels `model_name`, `engine="N"`); always served at `/metrics` on the API port.

@@ -289,9 +289,12 @@ class LogInterpreter:
             self._enter("failed" if self._fatal_in_launch or self._phase == "failed" else "stopped")
 
     def probe_succeeded(self, at: float) -> None:
-        """A health probe that answered after the phase began: the server is serving."""
+        """A health probe that answered after the phase began: the server is serving, unless it failed after it
+        served (an engine whose HTTP server outlives its engine: trtllm-serve's `/health` stays 200 until it
+        notices that its executor died; only a new launch leaves that failure)."""
         with self._lock:
-            if self._phase != "serving" and at > self._since:
+            served_then_failed = self._phase == "failed" and "serving" in self._timeline
+            if self._phase != "serving" and not served_then_failed and at > self._since:
                 self._enter("serving")
 
     def recovered(self, since: float) -> None:

@@ -8,7 +8,8 @@ covers each request and at most MAX_BODY_BYTES of a page are read (a real vLLM p
 one counts as a failed fetch, and so does one with more than MAX_SAMPLES samples of one family. The page is read line
 by line, summing as it goes, never as a parsed model of the whole page (tiny series would cost ten times its size). A
 server that listens on loopback only inside its own network namespace is not fetched (no `engine_metrics_up` sample:
-unknown), nor one whose engine serves no page or was started without the flag that turns it on.
+unknown), nor one whose engine serves no page or was started without the flag that turns it on (or whose
+page answers that it is not turned on, `MetricsSpec.absent_status`).
 """
 
 from __future__ import annotations
@@ -163,6 +164,8 @@ def read_page(server: Server, timeout: float) -> Page:
     loop_up = None
     if spec.through_loop and (result.status or result.reason == "timeout"):
         loop_up = result.reason != "timeout"
+    if result.status in spec.absent_status:
+        return Page(None, None, "")  # not turned on (`MetricsSpec.absent_status`): no page, as without its flag
     if not result.success:
         return Page(False, None, f"GET {url}: {result.reason} (HTTP {result.status})", loop_up)
     if body is None:

@@ -12,7 +12,8 @@ tests/sim/pkgs on PYTHONPATH), it spawns children titled like the engine's own (
 
 The scenario is JSON in the file named by ENGINESIM_SCENARIO:
     {"transcript": "path", "line_delay": 0.0, "final": "stall", "load_http": "refuse" | "503",
-     "burn_child_seconds": 0.0, "work": {...}, "on_sigterm": "path", "children": [titles], "http": "api"}
+     "burn_child_seconds": 0.0, "work": {...}, "on_sigterm": "path", "children": [titles], "http": "api",
+     "dies": {"after": 1.0, "transcript": "path", "health": 503}}
 
 `children`: the children's titles instead of the engine's single-node set (a worker node of a multi-node
 deployment: SGLang's `sglang::scheduler_TP8`.. without a detokenizer, vLLM's `VLLM::EngineCore_DP1`).
@@ -20,11 +21,15 @@ deployment: SGLang's `sglang::scheduler_TP8`.. without a detokenizer, vLLM's `VL
 common.py`: 200 on `/health`, `/health_generate` and `/ping` whatever happens, FastAPI's 404 elsewhere); `none` no
 port at all (a vLLM `--headless` node).
 
+`dies` (with `final: serve`): the engine dies behind its live HTTP server `after` seconds of serving (TensorRT-LLM's
+executor under MPI): it logs that transcript, and `/health` answers `health` from then on (503 with the engine's
+words, `UNAVAILABLE`), the rest of its pages as before.
+
 `on_sigterm`: what the engine logs when it is asked to stop (SGLang's `SIGTERM received ... Draining requests`),
 written before it exits; without it a SIGTERM ends it silently.
 
 `work` (with `final: serve`) is the engine's own view once serving: `/metrics` in the engine's real format and
-its periodic stats lines (see `Work`):
+its periodic stats lines (see `Work`), at the engine's path (`PAGE_PATHS`) beside its JSON pages (`JSON_PAGES`):
     {"running": 0, "waiting": 0, "throughput": 0.0, "tokens_start": 0, "ranks": 1, "interval": 0.5,
      "metrics": "serve" | "hang" | "off", "pad_bytes": 0}
 throughput 0 with requests running is the post-ready hang (vLLM #23378): `/health` 200, the counter frozen.
@@ -50,6 +55,7 @@ CHILD_TITLES = {
     "llamacpp": lambda tp: [],
     "tgi": lambda tp: [f"text-generation-server serve bigscience/bloom-560m --uds-path /tmp/text-generation-server-{i}"
                        for i in range(tp)] + ["text-generation-router --port 3000"],
+    "trtllm": lambda tp: [],  # its MPI workers set no title
 }
 
 
@@ -166,7 +172,32 @@ def _llamacpp_page(work: Work) -> str:
                       [("", sum(work.split("waiting")))]))
 
 
-PAGES = {"vllm": _vllm_page, "sglang": _sglang_page, "tgi": _tgi_page, "llamacpp": _llamacpp_page}
+def _trtllm_page(work: Work) -> str:
+    """`tensorrt_llm/metrics/collector.py` through `/prometheus/metrics` (labels `model_name`, `engine_type`)."""
+    labels = '{engine_type="undefined",model_name="undefined"}'
+    return (_series("trtllm_num_requests_running", "gauge", "Number of requests currently running.",
+                    [(labels, sum(work.split("running")))])
+            + _series("trtllm_num_requests_waiting", "gauge", "Number of requests waiting to be processed.",
+                      [(labels, sum(work.split("waiting")))])
+            + _series("trtllm_generation_tokens_total", "counter", "Number of generation tokens processed.",
+                      [(labels, sum(work.tokens()))]))
+
+
+def _trtllm_iteration_stats(work: Work) -> bytes:
+    """`openai_server.py` `get_iteration_stats` at `/metrics`: the executor's iteration stats as JSON, numbers that
+    are not the text format's (a reader that took them as samples would count these)."""
+    return json.dumps([{"iter": 1187, "iterLatencyMS": 21.4, "gpuMemUsage": 68719476736,
+                        "numActiveRequests": sum(work.split("running")) + 1000,
+                        "numQueuedRequests": sum(work.split("waiting")) + 1000,
+                        "trtllm_generation_tokens_total": 99999999}]).encode()
+
+
+PAGES = {"vllm": _vllm_page, "sglang": _sglang_page, "tgi": _tgi_page, "llamacpp": _llamacpp_page,
+         "trtllm": _trtllm_page}
+PAGE_PATHS = {"trtllm": "/prometheus/metrics"}  # the text format's page where it is not `/metrics`
+JSON_PAGES = {"trtllm": {"/metrics": _trtllm_iteration_stats}}
+# `/health` once the engine died behind its HTTP server (`openai_server.py` `health`).
+UNAVAILABLE = {"trtllm": b"LLM is unavailable. Please check the server logs for more details."}
 
 
 def _vllm_stats(clock: str, rank: int, running: int, waiting: int, throughput: float, ranks: int) -> str:
@@ -191,17 +222,22 @@ class _Health(BaseHTTPRequestHandler):
     status = 200
     work: Work | None = None
     dummy = False
+    unavailable = b'{"error":{"message":"Loading model","code":503}}'  # the body of a status that is not 200
 
     def do_GET(self) -> None:
-        if self.dummy and self.path.split("?")[0] not in DUMMY_ROUTES:
+        path = self.path.split("?")[0]
+        if self.dummy and path not in DUMMY_ROUTES:
             self.status = 404
             self._send(b'{"detail":"Not Found"}', "application/json")
             return
-        if self.path.startswith("/metrics") and self.work is not None:
+        if self.work is not None and path in JSON_PAGES.get(self.work.engine, {}):
+            self.status = 200
+            self._send(JSON_PAGES[self.work.engine][path](self.work), "application/json")
+            return
+        if self.work is not None and path == PAGE_PATHS.get(self.work.engine, "/metrics"):
             self._metrics(self.work)
             return
-        body = b'{"status":"ok"}' if self.status == 200 else b'{"error":{"message":"Loading model","code":503}}'
-        self._send(body, "application/json")
+        self._send(b'{"status":"ok"}' if self.status == 200 else self.unavailable, "application/json")
 
     def _metrics(self, work: Work) -> None:
         mode = work.spec.get("metrics", "serve")
@@ -211,6 +247,7 @@ class _Health(BaseHTTPRequestHandler):
             self.status = 404
             self._send(b"File Not Found", "text/plain")
             return
+        self.status = 200
         self._send(work.page(), "text/plain; version=0.0.4; charset=utf-8")
 
     def _send(self, body: bytes, content_type: str) -> None:
@@ -232,6 +269,17 @@ def _http(host: str, port: int, status: int, work: Work | None = None, dummy: bo
     return server
 
 
+def _dies(spec: dict, http: ThreadingHTTPServer, engine: str) -> None:
+    """After `spec["after"]` seconds, the engine's death behind its HTTP server (see `dies` above)."""
+    time.sleep(float(spec.get("after", 1.0)))
+    handler = http.RequestHandlerClass
+    handler.status = int(spec.get("health", 503))  # type: ignore[attr-defined]
+    handler.unavailable = UNAVAILABLE.get(engine, handler.unavailable)  # type: ignore[attr-defined]
+    with open(spec["transcript"], "rb") as lines:
+        sys.stdout.buffer.write(lines.read())
+    sys.stdout.buffer.flush()
+
+
 def _stop(said: str | None) -> None:
     if said:
         with open(said, "rb") as lines:
@@ -244,7 +292,8 @@ def main(engine: str) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--host", "--hostname", default="127.0.0.1")
     parser.add_argument("--port", required=True)  # the last one given wins; only it must be a number
-    parser.add_argument("--tp", "--tp-size", "--tensor-parallel-size", "--num-shard", dest="tp", type=int, default=1)
+    parser.add_argument("--tp", "--tp-size", "--tensor-parallel-size", "--num-shard", "--tp_size", dest="tp", type=int,
+                        default=1)
     args, _ = parser.parse_known_args()
     args.port = int(args.port)
     with open(os.environ["ENGINESIM_SCENARIO"]) as handle:
@@ -279,7 +328,9 @@ def main(engine: str) -> None:
         work = Work(engine, scenario["work"]) if "work" in scenario else None
         http = scenario.get("http", "api")
         if http != "none":
-            _http(args.host, args.port, 200, work, dummy=http == "dummy")
+            server = _http(args.host, args.port, 200, work, dummy=http == "dummy")
+            if "dies" in scenario:
+                threading.Thread(target=_dies, args=(scenario["dies"], server, engine), daemon=True).start()
         while work is not None:
             sys.stdout.write(work.stats_lines())
             sys.stdout.flush()

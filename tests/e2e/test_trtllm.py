@@ -1,0 +1,56 @@
+"""trtllm-serve (simulated) end to end through real Prometheus and Alertmanager with the shipped rules: its
+executor's death under a live HTTP server pages, a healthy idle one stays silent, a clean stop raises nothing."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from support import transcripts as t
+from support.harness import gpus, poll
+from support.stack import PIPELINE, Daemon, Webhook, alertmanager, prometheus, rule_seconds
+
+CONFIG = ("discovery: {enabled: true, interval: 1s}\n"
+          "defaults:\n  stall: {gpu_memory_bytes: 70e9, log_stale: 3s}\n"
+          "  probe: {timeout: 1s, interval: 1s}\n"
+          "logs: {poll_interval: 0.5s}\n"
+          "engine_metrics: {interval: 1s, timeout: 1s}\n")
+
+IDLE = {"running": 0, "waiting": 0, "throughput": 0.0, "tokens_start": 5000, "interval": 0.5}
+
+
+def test_the_executors_death_pages_an_idle_server_and_a_clean_stop_do_not(
+    exporter, engine, daemons: list[Daemon], tmp_path: Path
+) -> None:
+    hook = Webhook()
+    am_port = alertmanager(daemons, tmp_path, hook)
+    e = exporter(nvml={"gpus": gpus(4, used=60e9, util=0)}, config=CONFIG)
+    query = prometheus(daemons, tmp_path, am_port, [f"127.0.0.1:{e.port}"])
+    poll(lambda: query('up{job="stallwatch"} == 1'), timeout=30, what="the first scrape")
+
+    # The executor dies under MPI a few scrapes after serving began: one whose `/health` turned 503, one whose
+    # `/health` still says 200 (the proxy has not noticed yet).
+    died = {health: engine("trtllm", t.trtllm_healthy(), final="serve", tp=1, work=IDLE,
+                           dies={"after": 4.0, "transcript": t.trtllm_executor_died(), "health": health})
+            for health in (503, 200)}
+    idle = engine("trtllm", t.trtllm_healthy(), final="serve", tp=1, work=IDLE)
+    stopped = engine("trtllm", t.trtllm_healthy(), final="serve", tp=1, work=IDLE, on_sigterm=t.trtllm_stop())
+    for sim in (*died.values(), idle, stopped):
+        poll(lambda sim=sim: query(f'stallwatch_startup_phase{{server="{sim.name}",phase="serving"}} == 1'),
+             timeout=30, what=f"{sim.name} serving")
+    stopped.terminate()
+    stopped_at = time.time()
+
+    for health, sim in died.items():
+        page = poll(lambda sim=sim: hook.find("InferenceServerFailed", sim.name, "firing"), timeout=60,
+                    interval=0.2, what=f"the dead executor's page (/health {health})")
+        assert page["labels"]["severity"] == "critical"
+        assert page["annotations"]["description"].startswith(
+            f"{sim.name} on 127.0.0.1:{e.port} logged a fatal error and is in phase failed.")
+
+    # Long past InferenceServerDown's `for` after the stop, and several windows of the idle server's silence.
+    time.sleep(max(0.0, stopped_at + rule_seconds("5m") + PIPELINE - time.time()))
+    for sim in (idle, stopped):
+        assert query(f'ALERTS{{server="{sim.name}"}}') == [], sim.name
+        assert not [a for a in hook.alerts if a["labels"].get("server") == sim.name], sim.name
+    assert query(f'stallwatch_startup_phase{{server="{stopped.name}",phase="stopped"}} == 1')
