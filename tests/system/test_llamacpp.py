@@ -35,10 +35,9 @@ def test_a_healthy_start_reads_serving_from_its_log_and_its_requests_are_counted
     assert scrape.value("stallwatch_log_events_total", server=server.name, event="fatal") == 0
     for _ in range(3):
         assert server.complete(tokens=8)["tokens_predicted"] == 8
-    scrape = e.wait_for(lambda s: s.value("stallwatch_engine_generated_tokens_total", server=server.name,
-                                          source="metrics") == 24 and s, what="24 tokens counted")
-    assert scrape.value("stallwatch_engine_loop_up", server=server.name) == 1
-    assert scrape.value("stallwatch_probe_success", server=server.name) == 1
+    e.wait_for(lambda s: s.value("stallwatch_engine_generated_tokens_total", server=server.name, source="metrics")
+               == 24 and s.value("stallwatch_engine_loop_up", server=server.name) == 1
+               and s.value("stallwatch_probe_success", server=server.name) == 1, what="24 tokens, the probe passing")
     out = diagnose(tmp_path, server.name, config=None)
     assert out.returncode == 0 and "VERDICT: HEALTHY" in out.stdout and "serving" in out.stdout, out.stdout
 
