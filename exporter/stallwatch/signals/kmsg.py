@@ -9,8 +9,17 @@ come from NVML's events (`signals/xid.py`); these lines add who and what to the 
 the exporter started (the kernel's buffer is read from its start).
 
 /dev/kmsg hands out one record per read, `PRIORITY,SEQUENCE,MICROSECONDS,FLAGS;MESSAGE`, with the time since boot;
-a read after records were overwritten fails with EPIPE and the next one goes on. A plain file (`dmesg` output, a
-test's) is read line by line as it grows; a line without that prefix counts as read now.
+a read after records were overwritten fails with EPIPE and the next one goes on (Linux
+Documentation/ABI/testing/dev-kmsg). Only the driver's own records count: PRIORITY is facility * 8 + level, and
+"it is not possible to inject messages from userspace with the facility number LOG_KERN (0)" (dev-kmsg), so a
+record of another facility (a program's write to /dev/kmsg) is none; and the message must start with `NVRM: Xid`,
+as the driver writes it, not merely hold it (overlayfs logs `failed to resolve '<a user's mount option>'`, audit
+2026-12-02 #2).
+
+A plain file (`dmesg` output, a syslog kern.log, a test's) is read line by line as it grows; a line without the record
+prefix counts as read now, and has no facility: such a file is as trustworthy as whatever writes it. Its message
+starts after an optional syslog header (`Dec  2 17:00:00 host kernel: `, RFC 3339 time too) and dmesg's
+`[   12.345678] ` time.
 """
 
 from __future__ import annotations
@@ -34,11 +43,16 @@ READ_BYTES = 16384  # more than one /dev/kmsg record (a read with a smaller buff
 LINE_LIMIT = 65536  # a partial line longer than this (a binary file, no newline) is dropped
 TEXT_LIMIT = 200  # of the line's rest, kept for the reports
 KEPT = 256  # (PCI address, Xid) pairs kept, the oldest dropped first
-RECORD = re.compile(rb"^\d+,\d+,(\d+),[^;]*;(.*)$")
+# A /dev/kmsg record (priority at most 8 bits of facility and 3 of level); a plain file's line: its syslog header, if
+# any, then dmesg's time, if any.
+RECORD = re.compile(rb"^(\d{1,4}),\d{1,20},(\d{1,20}),[^;]*;(.*)$")
+PLAIN_PREFIX = re.compile(rb"^(?:(?:[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d|\d{4}-\d\d-\d\dT[\d:.+-]+Z?) \S+ kernel: )?"
+                          rb"(?:\[ *\d{1,12}\.\d{1,9}\] )?")
+KERNEL_FACILITY = 0  # LOG_KERN
 # `krcReportXid` (open-gpu-kernel-modules src/nvidia/src/kernel/gpu/rc/kernel_rc.c): `NVRM: Xid (PCI:%04x:%02x:%02x):
 # %d, pid=%s, name=%s, %s`, without `pid=, name=,` outside a process's context; on MIG ` GPU-I:%02u GPU-CI:%02u` follow
-# the address.
-XID_LINE = re.compile(rb"NVRM: Xid \(PCI:([0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2})(?: GPU-C?I:\d+)*\): "
+# the address. Matched at the message's start only.
+XID_LINE = re.compile(rb"^NVRM: Xid \(PCI:([0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2})(?: GPU-C?I:\d+)*\): "
                       rb"(\d{1,5})(?:, (.*))?$")
 CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 PROCESS = re.compile(rb"pid=([^,]*), name=([^,]*)(?:, (.*))?$")  # pid='<unknown>' where the driver had none
@@ -56,13 +70,17 @@ class KernelXid:
 
 
 def parse(record: bytes, boot: float) -> KernelXid | None:
-    """One record or line of the kernel log as an Xid line, or None; `boot` is the wall time of boot, for the
-    record's microseconds since boot."""
+    """One record or line of the kernel log as the driver's Xid line, or None; `boot` is the wall time of boot, for
+    the record's microseconds since boot."""
     at = time.time()
     found = RECORD.match(record)
     if found is not None:
-        at, record = boot + int(found.group(1)) / 1e6, found.group(2)
-    line = XID_LINE.search(record)
+        if int(found.group(1)) >> 3 != KERNEL_FACILITY:  # written to /dev/kmsg by a program, not by the kernel
+            return None
+        at, message = boot + int(found.group(2)) / 1e6, found.group(3)
+    else:
+        message = PLAIN_PREFIX.sub(b"", record, count=1)
+    line = XID_LINE.match(message)
     if line is None:
         return None
     rest = line.group(3) or b""

@@ -85,3 +85,29 @@ def test_a_log_that_grows_with_garbage_and_a_long_line(tmp_path: Path, caplog: p
         assert caplog.text.count("No such file") == 1
     finally:
         reader.stop()
+
+
+DRIVER = b"NVRM: Xid (PCI:0000:3b:00): 79, pid=5, name=pt_main_thread, GPU has fallen off the bus."
+
+
+def test_only_the_drivers_own_records_count() -> None:
+    """An unprivileged user cannot pass a line of its own for the driver's Xid (docs/research/audit-2026-12-02.md
+    #2). In a user namespace of its own it mounts an overlay whose lowerdir is the driver's words: the kernel logs
+    them inside overlayfs's error, not at the message's start. Its write to /dev/kmsg gets the user facility
+    (priority 8 and up: "it is not possible to inject messages from userspace with the facility number LOG_KERN",
+    Linux Documentation/ABI/testing/dev-kmsg). Neither is an Xid; the driver's record, at any level, is."""
+    assert parse(b"3,900,12500000,-;overlayfs: failed to resolve '/" + DRIVER + b"': -2", BOOT) is None
+    assert parse(b"4,901,12500000,-;tmpfs: Unknown parameter '" + DRIVER + b"'", BOOT) is None
+    for priority in (8, 11, 12, 14, 1027):  # user.err, user.warning, ...; local0 (16 * 8) + 3
+        assert parse(b"%d,902,12500000,-;" % priority + DRIVER, BOOT) is None, priority
+    for line in (b"overlayfs: failed to resolve '/" + DRIVER + b"': -2",  # a plain file: the same at the start
+                 b"[   12.500000] overlayfs: failed to resolve '/" + DRIVER + b"': -2",
+                 b"Dec  2 17:00:00 node1 kernel: overlayfs: failed to resolve '/" + DRIVER + b"': -2"):
+        assert parse(line, BOOT) is None, line
+    for level in range(8):
+        found = parse(b"%d,903,12500000,-;" % level + DRIVER, BOOT)
+        assert found is not None and (found.pci, found.xid, found.pid, found.at) == ("0000:3b:00", 79, 5, BOOT + 12.5)
+    for line in (b"[   12.500000] " + DRIVER, b"Dec  2 17:00:00 node1 kernel: [   12.500000] " + DRIVER,
+                 b"2026-12-02T17:00:00.123456+00:00 node1 kernel: " + DRIVER):  # dmesg, kern.log
+        found = parse(line, BOOT)
+        assert found is not None and (found.xid, found.process) == (79, "pt_main_thread"), line
