@@ -35,7 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from stallwatch.loops import run_every
-from stallwatch.text import display
+from stallwatch.text import terminal_safe
 
 log = logging.getLogger(__name__)
 
@@ -54,8 +54,11 @@ KERNEL_FACILITY = 0  # LOG_KERN
 # the address. Matched at the message's start only.
 XID_LINE = re.compile(rb"^NVRM: Xid \(PCI:([0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2})(?: GPU-C?I:\d+)*\): "
                       rb"(\d{1,5})(?:, (.*))?$")
-CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
-PROCESS = re.compile(rb"pid=([^,]*), name=([^,]*)(?:, (.*))?$")  # pid='<unknown>' where the driver had none
+PROCESS = re.compile(rb"pid=([^,]*), name=(.*)$")  # pid='<unknown>' where the driver had none
+# The name is the process's comm, which it sets itself (prctl PR_SET_NAME), unquoted by the driver, commas and all:
+# at most TASK_COMM_LEN - 1 bytes, which /dev/kmsg writes as `\xNN` where they are not printable ASCII.
+COMM_BYTES = 15
+ESCAPED_BYTE = re.compile(rb"\\x[0-9a-fA-F]{2}")
 
 
 @dataclass(frozen=True)
@@ -63,8 +66,8 @@ class KernelXid:
     pci: str  # "0000:cb:00", as `devices.pci_address` writes NVML's
     xid: int
     pid: int | None
-    process: str  # the process's name as the kernel had it: untrusted, printable
-    detail: str  # the rest of the line (channel, error string): untrusted, printable, at most TEXT_LIMIT
+    process: str  # the process's name as the kernel had it: untrusted, `terminal_safe`
+    detail: str  # the rest of the line (channel, error string): untrusted, `terminal_safe`, at most TEXT_LIMIT
     at: float  # wall-clock time of the line
     count: int = 1  # lines for this PCI address and Xid seen so far
 
@@ -85,15 +88,27 @@ def parse(record: bytes, boot: float) -> KernelXid | None:
         return None
     rest = line.group(3) or b""
     process = PROCESS.match(rest)
-    pid, name, detail = process.groups(b"") if process is not None else (b"", b"", rest)
+    pid, (name, detail) = (process.group(1), _name(process.group(2))) if process is not None else (b"", (b"", rest))
     return KernelXid(pci=line.group(1).decode().lower(), xid=int(line.group(2)),
                      pid=int(pid) if pid.isdigit() and len(pid) < 11 else None, process=_text(name)[:64],
                      detail=_text(detail)[:TEXT_LIMIT], at=at)
 
 
+def _name(rest: bytes) -> tuple[bytes, bytes]:
+    """The process's name and the driver's words after it, from what follows `name=`: the name ends at the last `, `
+    that leaves it a comm's length, so that a name with commas (`x, errorString `) is not taken for the driver's
+    words (audit 2026-12-02 #13); the first `, ` where none does (not a comm: a plain file's line). A name of one
+    or two bytes before the driver's `Ch 0000000N, ` takes the channel in too: the driver's words shown as the name,
+    never a name's as the driver's."""
+    fits = [at for at in range(min(len(rest), COMM_BYTES * 4 + 1))  # 4: `\xNN`
+            if rest.startswith(b", ", at) and len(ESCAPED_BYTE.sub(b"?", rest[:at])) <= COMM_BYTES]
+    end = fits[-1] if fits else rest.find(b", ")
+    return (rest[:end], rest[end + 2:]) if end >= 0 else (rest, b"")
+
+
 def _text(raw: bytes) -> str:
-    """Another process's bytes (its name is its own to choose) without control characters (a terminal's escapes)."""
-    return CONTROL.sub("?", display(raw.decode("utf-8", "replace"))).strip()
+    """Another process's bytes (its name is its own to choose) as a terminal or a page can show them."""
+    return terminal_safe(raw.decode("utf-8", "replace")).strip()
 
 
 class KernelXids:

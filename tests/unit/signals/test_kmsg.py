@@ -8,7 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from stallwatch.report.model import XidInfo
+from stallwatch.report.render import xid_text
 from stallwatch.signals.kmsg import LINE_LIMIT, KernelXid, KernelXids, parse
+from stallwatch.signals.xid import xid_class
 from support.harness import poll
 
 BOOT = 1_700_000_000.0
@@ -52,9 +55,9 @@ def test_real_xid_lines(line: bytes, expected: KernelXid) -> None:
 def test_other_lines_and_untrusted_bytes() -> None:
     assert parse(b"6,1,1,-;NVRM: GPU at PCI:0000:cb:00: GPU-8d9c1c3a-0000-4000-8000-000000000000", BOOT) is None
     assert parse(b"6,2,1,-;usb 1-1: new high-speed USB device", BOOT) is None
-    # A process names itself: its name and the rest are shown without control characters, and bounded.
+    # A process names itself: its name and the rest are shown with control characters escaped, and bounded.
     found = parse(b"NVRM: Xid (PCI:0000:cb:00): 13, pid=42, name=\x1b[2J\xff, " + b"x" * 5000, BOOT)
-    assert found is not None and found.process == "?[2J\ufffd" and len(found.detail) == 200
+    assert found is not None and found.process == "\\x1b[2J\ufffd" and len(found.detail) == 200
     assert abs(found.at - time.time()) < 60  # a line without the record prefix: read now
 
 
@@ -111,3 +114,25 @@ def test_only_the_drivers_own_records_count() -> None:
                  b"2026-12-02T17:00:00.123456+00:00 node1 kernel: " + DRIVER):  # dmesg, kern.log
         found = parse(line, BOOT)
         assert found is not None and (found.xid, found.process) == (79, "pt_main_thread"), line
+
+
+def test_a_process_name_cannot_reverse_the_line_or_forge_the_error_text() -> None:
+    """A process names itself (prctl PR_SET_NAME, 15 bytes), and the driver writes the name unquoted
+    (docs/research/audit-2026-12-02.md #13): U+202E in it would reverse the rest of the line on the status page,
+    and `x, errorString ` would read as the start of the driver's words. The bidi control is escaped, the name
+    keeps its commas, and the report quotes it."""
+    found = parse(b"NVRM: Xid (PCI:0000:3b:00): 13, pid=4, name=\xe2\x80\xaenimda\x1b]0;OWNED\x07, Graphics Exception",
+                  BOOT)
+    assert found is not None and (found.process, found.detail) == ("\\u202enimda\\x1b]0;OWNED\\x07",
+                                                                   "Graphics Exception")
+    found = parse(b"3,5,1,-;NVRM: Xid (PCI:0000:3b:00): 109, pid=4, name=x, errorString , Ch 00000008, errorString "
+                  b"CTX SWITCH TIMEOUT", BOOT)
+    assert found is not None and (found.process, found.detail) == ("x, errorString",
+                                                                   "Ch 00000008, errorString CTX SWITCH TIMEOUT")
+    # /dev/kmsg writes a name's bytes that are not printable ASCII as `\xNN`: each counts as one of the 15.
+    found = parse(b"3,6,1,-;NVRM: Xid (PCI:0000:3b:00): 13, pid=4, name=\\xe2\\x80\\xaenimda, x, Graphics Exception",
+                  BOOT)
+    assert found is not None and (found.process, found.detail) == ("\\xe2\\x80\\xaenimda, x", "Graphics Exception")
+    known = xid_class(109)
+    text = xid_text(XidInfo(109, 1, 60.0, known.kind, known.meaning, 4, "x, errorString", "", "Ch 00000008"))
+    assert text.endswith('; pid 4 "x, errorString" (not this server\'s): Ch 00000008')
