@@ -16,7 +16,8 @@ record of another facility (a program's write to /dev/kmsg) is none; and the mes
 as the driver writes it, not merely hold it (overlayfs logs `failed to resolve '<a user's mount option>'`, audit
 2026-12-02 #2).
 
-A plain file (`dmesg` output, a syslog kern.log, a test's) is read line by line as it grows; a line without the record
+A plain file (`dmesg` output, a syslog kern.log, a test's) is read line by line as it grows, followed across
+rotation (a new file at the path) and truncation (copytruncate), like a server's log; a line without the record
 prefix counts as read now, and has no facility: such a file is as trustworthy as whatever writes it. Its message
 starts after an optional syslog header (`Dec  2 17:00:00 host kernel: `, RFC 3339 time too) and dmesg's
 `[   12.345678] ` time.
@@ -29,6 +30,7 @@ import dataclasses
 import logging
 import os
 import re
+import stat
 import threading
 import time
 from collections.abc import Callable
@@ -42,6 +44,7 @@ log = logging.getLogger(__name__)
 READ_BYTES = 16384  # more than one /dev/kmsg record (a read with a smaller buffer fails with EINVAL)
 LINE_LIMIT = 65536  # a partial line longer than this (a binary file, no newline) is dropped
 TEXT_LIMIT = 200  # of the line's rest, kept for the reports
+TAIL_BYTES = 256  # of a plain file, compared again at each read
 KEPT = 256  # (PCI address, Xid) pairs kept, the oldest dropped first
 # A /dev/kmsg record (priority at most 8 bits of facility and 3 of level); a plain file's line: its syslog header, if
 # any, then dmesg's time, if any.
@@ -121,6 +124,7 @@ class KernelXids:
         self._latest: dict[tuple[str, int], KernelXid] = {}
         self._fd: int | None = None
         self._partial = b""
+        self._tail = b""  # the last bytes read from a plain file, to tell that it was rewritten
         self._error = ""
         self._stop = threading.Event()
 
@@ -135,20 +139,16 @@ class KernelXids:
         self._stop.set()  # the loop closes the log after its read in progress
 
     def _read(self) -> None:
-        """Everything the log has now; the error (no such file, no permission) logged once until it clears."""
+        """Everything the log has now, a plain file followed to the new one at its path; the error (no such file, no
+        permission) logged once until it clears."""
         try:
             if self._fd is None:
                 self._fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
-            while not self._stop.is_set():
-                try:
-                    data = os.read(self._fd, READ_BYTES)
-                except BrokenPipeError:  # records overwritten before they were read: go on from the next
-                    continue
-                except BlockingIOError:
-                    break
-                if not data:
-                    break
-                self._lines(data)
+            self._drain()
+            if self._replaced():  # rotated: the old file was read to its end above, the new one is read from its start
+                self._close()
+                self._fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
+                self._drain()
         except OSError as exc:
             if self._error != str(exc):
                 log.info("no Xid lines from %s (%s); NVML's events still count them", self.path, exc)
@@ -159,11 +159,47 @@ class KernelXids:
         if self._stop.is_set():
             self._close()
 
+    def _drain(self) -> None:
+        """Read the open log to its end; a plain file rewritten (copytruncate) from its start."""
+        assert self._fd is not None
+        plain = not stat.S_ISCHR(os.fstat(self._fd).st_mode)
+        if plain and self._rewritten():
+            os.lseek(self._fd, 0, os.SEEK_SET)
+            self._partial = self._tail = b""
+        while not self._stop.is_set():
+            try:
+                data = os.read(self._fd, READ_BYTES)
+            except BrokenPipeError:  # records overwritten before they were read: go on from the next
+                continue
+            except BlockingIOError:
+                break
+            if not data:
+                break
+            if plain:
+                self._tail = (self._tail + data)[-TAIL_BYTES:]
+            self._lines(data)
+
+    def _rewritten(self) -> bool:
+        """Whether a plain file no longer holds the bytes read last where they were read: cut shorter, or cut and
+        written again past that point (which its size alone does not tell: audit 2026-12-02 #16's Xid 48 line)."""
+        assert self._fd is not None
+        position = os.lseek(self._fd, 0, os.SEEK_CUR)
+        return os.pread(self._fd, len(self._tail), position - len(self._tail)) != self._tail
+
+    def _replaced(self) -> bool:
+        """Whether the path names another file than the one open (a plain file rotated by rename; /dev/kmsg is not)."""
+        assert self._fd is not None
+        opened = os.fstat(self._fd)
+        if stat.S_ISCHR(opened.st_mode):
+            return False
+        now = os.stat(self.path)
+        return (now.st_dev, now.st_ino) != (opened.st_dev, opened.st_ino)
+
     def _close(self) -> None:
         if self._fd is not None:
             with contextlib.suppress(OSError):
                 os.close(self._fd)
-        self._fd, self._partial = None, b""
+        self._fd, self._partial, self._tail = None, b"", b""
 
     def _lines(self, data: bytes) -> None:
         *lines, self._partial = (self._partial + data).split(b"\n")

@@ -136,3 +136,33 @@ def test_a_process_name_cannot_reverse_the_line_or_forge_the_error_text() -> Non
     known = xid_class(109)
     text = xid_text(XidInfo(109, 1, 60.0, known.kind, known.meaning, 4, "x, errorString", "", "Ch 00000008"))
     assert text.endswith('; pid 4 "x, errorString" (not this server\'s): Ch 00000008')
+
+
+def test_a_plain_file_log_is_followed_across_rotation_and_truncation(tmp_path: Path) -> None:
+    """A kernel log that logrotate rotates (`paths.kmsg: /var/log/kern.log`, where /dev/kmsg is not mounted) is
+    followed to the new file at its path, and read again from its start when copytruncate cuts it
+    (docs/research/audit-2026-12-02.md #16): before, the reader stayed on the old file and went blind."""
+    log = tmp_path / "kern.log"
+    reader = KernelXids(str(log), boot=lambda: BOOT)
+
+    def line(xid: int, pid: int) -> bytes:
+        return b"[   12.500000] NVRM: Xid (PCI:0000:3b:00): %d, pid=%d, name=python3, detail\n" % (xid, pid)
+
+    def seen() -> list[tuple[int, int | None, int]]:
+        reader._read()  # one pass of the loop
+        return sorted((x.xid, x.pid, x.count) for x in reader.latest())
+
+    log.write_bytes(line(13, 1))
+    assert seen() == [(13, 1, 1)]
+    with log.open("ab") as out:  # the writer still appends to the old file, then it is renamed away
+        log.rename(tmp_path / "kern.log.1")
+        out.write(line(13, 2))
+    log.write_bytes(line(62, 3))
+    assert seen() == [(13, 2, 2), (62, 3, 1)]  # the old file read to its end, then the new one
+    with log.open("ab") as out:  # copytruncate: the file is cut and written again from its start
+        log.write_bytes(b"")
+        out.write(line(48, 4))
+    assert seen() == [(13, 2, 2), (48, 4, 1), (62, 3, 1)]
+    assert seen() == [(13, 2, 2), (48, 4, 1), (62, 3, 1)]  # each line once
+    reader.stop()
+    reader._read()
