@@ -8,8 +8,10 @@ from __future__ import annotations
 import re
 
 # C0 and C1 controls but newline and tab: escape sequences (CSI, OSC 0 window titles, OSC 52 clipboard writes) and
-# carriage returns that would redraw an operator's terminal from another user's argv, paths, titles or log lines.
-_CONTROLS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+# carriage returns that would redraw an operator's terminal from another user's argv, paths, titles or log lines;
+# and the bidirectional controls (Bidi_Control, Unicode UAX #9: U+061C, U+200E-U+200F, U+202A-U+202E, U+2066-U+2069),
+# with which a process's name reverses the rest of a line on a page or a terminal ("Trojan Source", CVE-2021-42574).
+_CONTROLS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 _ODD_SURROGATE = re.compile("[\ud800-\udc7f\udd00-\udfff]")  # what surrogateescape cannot turn back into a byte
 
 
@@ -37,5 +39,11 @@ def utf8_bytes(text: str) -> bytes:
 
 
 def terminal_safe(text: str) -> str:
-    """Text for a terminal: every control character but newline and tab written as `\\xNN`."""
-    return _CONTROLS.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+    """Text for a terminal or a page: every control character but newline and tab written as `\\xNN`, every
+    bidirectional control as `\\uNNNN`."""
+    return _CONTROLS.sub(_escaped, text)
+
+
+def _escaped(found: re.Match[str]) -> str:
+    code = ord(found.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"

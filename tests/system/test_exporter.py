@@ -274,10 +274,10 @@ def test_kernel_log_xid_lines_name_the_process(exporter, engine, tmp_path: Path)
         return body if "Xid 31" in body else None
 
     page = poll(status_page_with_the_lines, what="the kernel log's Xids on the status page")
-    assert (f"Xid 13 in the kernel log 5 min ago (a graphics engine exception); pid {sim.proc.pid} python3 (main): "
-            "Graphics Exception: ESR 0x404490=0x80000002") in page
-    assert "Xid 31 in the kernel log 5 min ago (a memory page fault); pid 999999999 stray (not this server&#x27;s)" \
-        in page
+    assert (f"Xid 13 in the kernel log 5 min ago (a graphics engine exception); pid {sim.proc.pid} &quot;python3&quot; "
+            "(main): Graphics Exception: ESR 0x404490=0x80000002") in page
+    assert ("Xid 31 in the kernel log 5 min ago (a memory page fault); pid 999999999 &quot;stray&quot; "
+            "(not this server&#x27;s)") in page
 
 
 def test_failing_collector_is_isolated(exporter) -> None:

@@ -128,12 +128,14 @@ def _health_text(d: GpuInfo) -> str:
 
 
 def xid_text(x: XidInfo) -> str:
-    """"Xid 109 x1 3 min ago (the GPU stopped processing: reset it); pid 1797828 pt_main_thread (scheduler_TP3):
-    Ch 00000008, errorString CTX SWITCH TIMEOUT"; "in the kernel log" for one from before the exporter started."""
+    """"Xid 109 x1 3 min ago (the GPU stopped processing: reset it); pid 1797828 "pt_main_thread" (scheduler_TP3):
+    Ch 00000008, errorString CTX SWITCH TIMEOUT"; "in the kernel log" for one from before the exporter started. The
+    name is quoted: the process chose it, commas and all (audit 2026-12-02 #13)."""
     seen = f"x{x.count}" if x.count else "in the kernel log"
     out = f"Xid {x.xid} {seen} {duration(x.seconds_ago)} ago ({x.meaning})"
     if x.pid is not None:
-        out += f"; pid {x.pid} {x.process}" + (f" ({x.role})" if x.role else " (not this server's)")
+        role = f"({x.role})" if x.role else "(not this server's)"
+        out += f"; pid {x.pid} {json.dumps(x.process, ensure_ascii=False)} {role}"
     return out + (f": {x.detail}" if x.detail else "")
 
 

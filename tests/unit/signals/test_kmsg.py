@@ -8,7 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from stallwatch.report.model import XidInfo
+from stallwatch.report.render import xid_text
 from stallwatch.signals.kmsg import LINE_LIMIT, KernelXid, KernelXids, parse
+from stallwatch.signals.xid import xid_class
 from support.harness import poll
 
 BOOT = 1_700_000_000.0
@@ -52,9 +55,9 @@ def test_real_xid_lines(line: bytes, expected: KernelXid) -> None:
 def test_other_lines_and_untrusted_bytes() -> None:
     assert parse(b"6,1,1,-;NVRM: GPU at PCI:0000:cb:00: GPU-8d9c1c3a-0000-4000-8000-000000000000", BOOT) is None
     assert parse(b"6,2,1,-;usb 1-1: new high-speed USB device", BOOT) is None
-    # A process names itself: its name and the rest are shown without control characters, and bounded.
+    # A process names itself: its name and the rest are shown with control characters escaped, and bounded.
     found = parse(b"NVRM: Xid (PCI:0000:cb:00): 13, pid=42, name=\x1b[2J\xff, " + b"x" * 5000, BOOT)
-    assert found is not None and found.process == "?[2J\ufffd" and len(found.detail) == 200
+    assert found is not None and found.process == "\\x1b[2J\ufffd" and len(found.detail) == 200
     assert abs(found.at - time.time()) < 60  # a line without the record prefix: read now
 
 
@@ -85,3 +88,81 @@ def test_a_log_that_grows_with_garbage_and_a_long_line(tmp_path: Path, caplog: p
         assert caplog.text.count("No such file") == 1
     finally:
         reader.stop()
+
+
+DRIVER = b"NVRM: Xid (PCI:0000:3b:00): 79, pid=5, name=pt_main_thread, GPU has fallen off the bus."
+
+
+def test_only_the_drivers_own_records_count() -> None:
+    """An unprivileged user cannot pass a line of its own for the driver's Xid (docs/research/audit-2026-12-02.md
+    #2). In a user namespace of its own it mounts an overlay whose lowerdir is the driver's words: the kernel logs
+    them inside overlayfs's error, not at the message's start. Its write to /dev/kmsg gets the user facility
+    (priority 8 and up: "it is not possible to inject messages from userspace with the facility number LOG_KERN",
+    Linux Documentation/ABI/testing/dev-kmsg). Neither is an Xid; the driver's record, at any level, is."""
+    assert parse(b"3,900,12500000,-;overlayfs: failed to resolve '/" + DRIVER + b"': -2", BOOT) is None
+    assert parse(b"4,901,12500000,-;tmpfs: Unknown parameter '" + DRIVER + b"'", BOOT) is None
+    for priority in (8, 11, 12, 14, 1027):  # user.err, user.warning, ...; local0 (16 * 8) + 3
+        assert parse(b"%d,902,12500000,-;" % priority + DRIVER, BOOT) is None, priority
+    for line in (b"overlayfs: failed to resolve '/" + DRIVER + b"': -2",  # a plain file: the same at the start
+                 b"[   12.500000] overlayfs: failed to resolve '/" + DRIVER + b"': -2",
+                 b"Dec  2 17:00:00 node1 kernel: overlayfs: failed to resolve '/" + DRIVER + b"': -2"):
+        assert parse(line, BOOT) is None, line
+    for level in range(8):
+        found = parse(b"%d,903,12500000,-;" % level + DRIVER, BOOT)
+        assert found is not None and (found.pci, found.xid, found.pid, found.at) == ("0000:3b:00", 79, 5, BOOT + 12.5)
+    for line in (b"[   12.500000] " + DRIVER, b"Dec  2 17:00:00 node1 kernel: [   12.500000] " + DRIVER,
+                 b"2026-12-02T17:00:00.123456+00:00 node1 kernel: " + DRIVER):  # dmesg, kern.log
+        found = parse(line, BOOT)
+        assert found is not None and (found.xid, found.process) == (79, "pt_main_thread"), line
+
+
+def test_a_process_name_cannot_reverse_the_line_or_forge_the_error_text() -> None:
+    """A process names itself (prctl PR_SET_NAME, 15 bytes), and the driver writes the name unquoted
+    (docs/research/audit-2026-12-02.md #13): U+202E in it would reverse the rest of the line on the status page,
+    and `x, errorString ` would read as the start of the driver's words. The bidi control is escaped, the name
+    keeps its commas, and the report quotes it."""
+    found = parse(b"NVRM: Xid (PCI:0000:3b:00): 13, pid=4, name=\xe2\x80\xaenimda\x1b]0;OWNED\x07, Graphics Exception",
+                  BOOT)
+    assert found is not None and (found.process, found.detail) == ("\\u202enimda\\x1b]0;OWNED\\x07",
+                                                                   "Graphics Exception")
+    found = parse(b"3,5,1,-;NVRM: Xid (PCI:0000:3b:00): 109, pid=4, name=x, errorString , Ch 00000008, errorString "
+                  b"CTX SWITCH TIMEOUT", BOOT)
+    assert found is not None and (found.process, found.detail) == ("x, errorString",
+                                                                   "Ch 00000008, errorString CTX SWITCH TIMEOUT")
+    # /dev/kmsg writes a name's bytes that are not printable ASCII as `\xNN`: each counts as one of the 15.
+    found = parse(b"3,6,1,-;NVRM: Xid (PCI:0000:3b:00): 13, pid=4, name=\\xe2\\x80\\xaenimda, x, Graphics Exception",
+                  BOOT)
+    assert found is not None and (found.process, found.detail) == ("\\xe2\\x80\\xaenimda, x", "Graphics Exception")
+    known = xid_class(109)
+    text = xid_text(XidInfo(109, 1, 60.0, known.kind, known.meaning, 4, "x, errorString", "", "Ch 00000008"))
+    assert text.endswith('; pid 4 "x, errorString" (not this server\'s): Ch 00000008')
+
+
+def test_a_plain_file_log_is_followed_across_rotation_and_truncation(tmp_path: Path) -> None:
+    """A kernel log that logrotate rotates (`paths.kmsg: /var/log/kern.log`, where /dev/kmsg is not mounted) is
+    followed to the new file at its path, and read again from its start when copytruncate cuts it
+    (docs/research/audit-2026-12-02.md #16): before, the reader stayed on the old file and went blind."""
+    log = tmp_path / "kern.log"
+    reader = KernelXids(str(log), boot=lambda: BOOT)
+
+    def line(xid: int, pid: int) -> bytes:
+        return b"[   12.500000] NVRM: Xid (PCI:0000:3b:00): %d, pid=%d, name=python3, detail\n" % (xid, pid)
+
+    def seen() -> list[tuple[int, int | None, int]]:
+        reader._read()  # one pass of the loop
+        return sorted((x.xid, x.pid, x.count) for x in reader.latest())
+
+    log.write_bytes(line(13, 1))
+    assert seen() == [(13, 1, 1)]
+    with log.open("ab") as out:  # the writer still appends to the old file, then it is renamed away
+        log.rename(tmp_path / "kern.log.1")
+        out.write(line(13, 2))
+    log.write_bytes(line(62, 3))
+    assert seen() == [(13, 2, 2), (62, 3, 1)]  # the old file read to its end, then the new one
+    with log.open("ab") as out:  # copytruncate: the file is cut and written again from its start
+        log.write_bytes(b"")
+        out.write(line(48, 4))
+    assert seen() == [(13, 2, 2), (48, 4, 1), (62, 3, 1)]
+    assert seen() == [(13, 2, 2), (48, 4, 1), (62, 3, 1)]  # each line once
+    reader.stop()
+    reader._read()
