@@ -51,8 +51,10 @@ def test_a_clean_stop_then_a_restart_in_the_same_log(exporter, llama) -> None:
     e.wait_for(lambda s: phase(s, first.name) == "serving", timeout=20, what="serving")
     first.signal(signal.SIGINT)
     assert first.wait() == 0
-    scrape = e.wait_for(lambda s: phase(s, first.name) == "stopped" and s, what="stopped")
-    assert scrape.value("stallwatch_server_stop_requested", server=first.name) == 1
+    # The process's end and its last lines may be read in either order.
+    scrape = e.wait_for(lambda s: phase(s, first.name) == "stopped"
+                        and s.value("stallwatch_server_stop_requested", server=first.name) == 1 and s,
+                        what="stopped on request")
     assert scrape.value("stallwatch_log_events_total", server=first.name, event="fatal") == 0
     again = llama(port=first.port)
     again.wait_healthy()
@@ -83,7 +85,10 @@ def test_a_model_that_fails_to_load_is_failed(exporter, llama, tmp_path: Path) -
     loading error`, exit 1 within milliseconds (before any discovery pass: the server is configured, with its log):
     failed with fatal lines, not stopped."""
     log = tmp_path / "llama-server.log"
+    log.write_bytes(b"")
     e = exporter(config=CONFIG + f"servers:\n  - {{name: tiny, engine: llamacpp, logs: ['{log}']}}\n")
+    # Followed before the server writes: what it writes then is news (lines already there would be old news).
+    e.wait_for(lambda s: s.value("stallwatch_log_up", server="tiny", path=str(log)) == 1, what="the log followed")
     bad = tmp_path / "not-a-model.gguf"
     bad.write_bytes(b"not a gguf file\n" * 8)
     server = llama(model=bad, log=log)
