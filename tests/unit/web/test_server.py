@@ -447,3 +447,60 @@ def test_connection_cap_closes_the_longest_waiting_for_a_new_one() -> None:
             sock.close()
     finally:
         server.shutdown()
+
+
+def _slow_readers(port: int, count: int, data: bytes) -> list[socket.socket]:
+    """Connections with a 1 KiB receive buffer that send `data` and never read, as the audit's `slowread`."""
+    socks = []
+    for _ in range(count):
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024)
+        sock.settimeout(10)
+        sock.connect(("127.0.0.1", port))
+        sock.sendall(data)
+        socks.append(sock)
+    return socks
+
+
+def _writing(server: HttpServer) -> int:
+    """Connections whose response the loop is still sending."""
+    return sum(conn.out is not None for conn in list(server._waiting.values()))
+
+
+def test_slow_readers_hold_no_worker_and_get_one_response_at_a_time() -> None:
+    """16 connections that ask for a 1 MB response 50 times (pipelined) and never read held every worker in a
+    blocking send for the write timeout, so `/metrics` took 8-20 s (docs/research/audit-2026-12-02.md #8). With two
+    workers and a 60 s write deadline, each connection's unsent response waits in the loop, with no next request of
+    it served meanwhile (what the kernel's buffers took aside), and a new client is answered at once."""
+    body, made = b"x" * (1 << 20), []
+
+    def handler(request: object) -> Response:
+        made.append(1)
+        return Response(200, [("Content-Type", "text/plain")], body)
+
+    server = HttpServer(handler, "127.0.0.1", 0, Limits(workers=2, write_timeout=60.0))
+    server.start()
+    slow = _slow_readers(server.server_port, 16, b"GET /big HTTP/1.1\r\nHost: x\r\n\r\n" * 50)
+    try:
+        poll(lambda: _writing(server) == 16, what="16 responses left to the loop", timeout=30)
+        assert status(exchange(server.server_port, get("/-/healthy"), timeout=10)) == 200
+        assert _writing(server) == 16 and len(made) < 16 * 50  # the slow ones still connected, most requests unserved
+    finally:
+        for sock in slow:
+            sock.close()
+        server.shutdown()
+
+
+def test_a_reader_that_stalls_is_closed_at_its_write_deadline() -> None:
+    """The other half of docs/research/audit-2026-12-02.md #8: a response the loop holds for a reader that never
+    reads is dropped at the response's write deadline (1 s here), with its connection, so slow readers cannot pile
+    up to the connection cap."""
+    server = HttpServer(lambda _: Response(200, [], b"x" * (1 << 20)), "127.0.0.1", 0, Limits(write_timeout=1.0))
+    server.start()
+    (slow,) = _slow_readers(server.server_port, 1, b"GET /big HTTP/1.1\r\nHost: x\r\n\r\n" * 16)
+    try:
+        poll(lambda: server.open_connections == 0, what="the stalled reader closed", timeout=20)
+        assert len(read_to_close(slow)) < 16 << 20  # closed before its responses were all sent
+    finally:
+        slow.close()
+        server.shutdown()
