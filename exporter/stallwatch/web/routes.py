@@ -97,7 +97,7 @@ def _refusal(allowed: bool | None) -> Response | None:
     """None when `BasicAuth.check` let the request in, else its answer."""
     if allowed:
         return None
-    if allowed is None:  # bcrypt busy with other checks: answered now rather than holding a worker in its queue
+    if allowed is None:  # no turn at bcrypt for this client now: answered at once rather than holding a worker
         return Response(429, [TEXT, ("Retry-After", "1")], b"Too many password checks at once; try again.\n")
     return Response(401, [TEXT, ("WWW-Authenticate", "Basic")], b"Unauthorized\n")
 
@@ -119,7 +119,7 @@ def make_app(registry: CollectorRegistry, watcher: Watcher, telemetry_path: str,
     status_page = _status_handler(status) if status is not None else None
 
     def route(request: Request) -> Response:
-        if auth is not None and (refused := _refusal(auth.check(request.headers.get("authorization")))):
+        if auth is not None and (refused := _refusal(auth.check(request.headers.get("authorization"), request.peer))):
             return refused
         handler = routes.get(request.path)
         if handler is None and status_page is not None and request.path.startswith(STATUS_PREFIX):

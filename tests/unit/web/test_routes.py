@@ -39,5 +39,5 @@ def test_status_pages_sit_behind_basic_auth() -> None:
     app = make_app(CollectorRegistry(), SimpleNamespace(servers=list), "/metrics",  # type: ignore[arg-type]
                    WebConfig(users={"admin": b"$2b$04$" + b"x" * 53}), pages)  # type: ignore[arg-type]
     for path in ("/servers/x", "/static/status.js"):
-        request = SimpleNamespace(path=path, method="GET", headers={}, query={})
+        request = SimpleNamespace(path=path, method="GET", headers={}, query={}, peer="10.0.0.1")
         assert app(request).status == 401  # type: ignore[arg-type]

@@ -225,9 +225,10 @@ def test_a_request_then_an_endless_head_is_refused_at_once_on_every_connection()
 
 
 def test_password_guesses_never_take_the_workers_a_cached_scrape_needs(spied_bcrypt: SimpleNamespace) -> None:
-    """Four workers and six guesses in flight while bcrypt is stuck on the first: one runs, one waits, four are
-    told 429 at once, and the scraper with cached credentials is answered. Without the bound, all four workers
-    wait on the bcrypt lock and the scrape behind them until bcrypt ends."""
+    """Four workers and six guesses from one client in flight while bcrypt is stuck on the first: it runs, the five
+    others are told 429 at once (one check at a time per client and user name), and the scraper with cached
+    credentials is answered. Without the bound, all four workers wait on the bcrypt lock and the scrape behind them
+    until bcrypt ends."""
     config = WebConfig(users={"alice": HASH})
     with serving(web_config=config, workers=4) as port:
         good = get("/-/healthy", f"Authorization: {basic(b'alice', b'secret')}")
@@ -238,11 +239,11 @@ def test_password_guesses_never_take_the_workers_a_cached_scrape_needs(spied_bcr
                 sock.sendall(get("/metrics", f"Authorization: {basic(b'alice', b'guess%d' % i)}"))
             poll(lambda: len(spied_bcrypt.calls) == 2, what="a guess inside bcrypt")
             assert status(exchange(port, good, timeout=5)) == 200
-            poll(lambda: len(_refusals(guesses)) >= 4, what="the guesses beyond one waiting refused")
-            assert len(_refusals(guesses)) == 4 and all(b"Retry-After: 1" in a for a in _refusals(guesses))
+            poll(lambda: len(_refusals(guesses)) >= 5, what="the guesses beyond the one running refused")
+            assert len(_refusals(guesses)) == 5 and all(b"Retry-After: 1" in a for a in _refusals(guesses))
             spied_bcrypt.release.set()
             answers = _read_all_to_close(guesses, time.monotonic() + 10)
-            assert sorted(status(a) for a in answers) == [401] * 2 + [429] * 4
+            assert sorted(status(a) for a in answers) == [401] + [429] * 5
         finally:
             for sock in guesses:
                 sock.close()
@@ -251,12 +252,13 @@ def test_password_guesses_never_take_the_workers_a_cached_scrape_needs(spied_bcr
 def test_wrong_passwords_never_push_a_cached_success_out(spied_bcrypt: SimpleNamespace) -> None:
     """Wrong passwords could evict the scraper's cached success: 100 distinct failures pushed it out of the one
     cache, and its next scrape waited for bcrypt behind the guesses (docs/research/audit-2026-12-01.md #6). After 150
-    failures the right password is still answered from the cache, without a bcrypt call."""
+    failures (from 150 addresses, each checked at once) the right password is still answered from the cache, without a
+    bcrypt call."""
     spied_bcrypt.release.set()  # a real bcrypt (cost 4): only the calls are counted
     auth = BasicAuth({"alice": HASH})
     assert auth.check(basic(b"alice", b"secret"))
     for i in range(150):  # more distinct failures than the cache holds
-        assert auth.check(basic(b"alice", b"wrong%d" % i)) is False
+        assert auth.check(basic(b"alice", b"wrong%d" % i), f"10.0.0.{i}") is False
     calls = len(spied_bcrypt.calls)
     assert auth.check(basic(b"alice", b"secret")) and len(spied_bcrypt.calls) == calls  # still cached
 
