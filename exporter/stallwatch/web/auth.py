@@ -8,19 +8,21 @@ of wrong guesses pushes its entry out.
 Turns at bcrypt are given per client, not first come first served, so that a flood of wrong passwords cannot keep a
 scraper whose password is not cached yet (after every restart, all of them) out (docs/research/audit-2026-12-02.md
 #9: 16 connections guessing as fast as they were answered took every turn, and a cold scraper got 429 for as long
-as the flood lasted). A client is its address (an IPv6 one by its /64, which one host is usually given whole):
+as the flood lasted). A client is its address (an IPv6 one by its /64, which one host is usually given whole), in
+its network (an IPv4 /24, an IPv6 /48):
 - one check at a time per (client, user name): its other guesses meanwhile get 429 without waiting;
 - after a wrong password, that (client, user name) waits `FAILURE_DELAY` s before its next check, doubling with each
   further failure up to `MAX_FAILURE_DELAY` (a success forgets them);
-- the waiting turn goes to clients with no recent failure first: a guess from a client that failed waits only while
-  no clean client wants the turn, and gives it up when one comes.
+- the waiting turn goes first to clients that have not failed in the last `RECENT` s, then to those whose network has
+  not either: a guess from a client or network that failed waits only while no cleaner one wants the turn, and gives
+  it up when one comes.
 The bound, for an attacker on many addresses: each address guesses one user's password at most once per
-`MAX_FAILURE_DELAY` once its delay has grown, and all of them together at most one bcrypt at a time (one core); a
-client whose password is not cached still shares the waiting turn with first guesses from addresses that never
-failed, so an attacker who keeps one bcrypt busy and one turn waiting needs a new address (a new IPv6 /64) for each
-guess, and the scraper is refused (429, retry after 1 s) at worst while that lasts. A scraper behind the attacker's
-own address and user name waits out that pair's delay. The table of clients is bounded (`CLIENTS`, oldest dropped),
-so that addresses cost bounded memory; a dropped client only forgets its failures.
+`MAX_FAILURE_DELAY` once its delay has grown, and all of them together at most one bcrypt at a time (one core). A
+scraper whose password is not cached, from a network with no recent failure, shares the waiting turn only with first
+guesses from networks that never failed: an attacker must use a new /24 (IPv6 /48) for each guess to keep it out
+(429, retry after 1 s), while that lasts; fresh addresses in one network lock out only scrapers in that network. A
+scraper behind the attacker's own address and user name waits out that pair's delay. The table of clients is
+bounded (`CLIENTS`, oldest dropped), so that addresses cost bounded memory; a dropped record only forgets failures.
 """
 
 from __future__ import annotations
@@ -42,7 +44,8 @@ import bcrypt
 WAITING = 1  # checks that may wait while a bcrypt runs: the next one starts without a gap, the rest are refused
 FAILURE_DELAY = 1.0  # seconds a (client, user name) waits after a wrong password, doubling with each further one
 MAX_FAILURE_DELAY = 30.0
-CLIENTS = 4096  # (client, user name) and client records kept, the least recently seen dropped first
+RECENT = 600.0  # seconds a failure lowers its client's and its network's rank for the waiting turn
+CLIENTS = 4096  # (client, user name), client and network records kept, the least recently seen dropped first
 
 
 def cost(digest: bytes) -> int:
@@ -69,18 +72,18 @@ class _Results:
             self._keys[key] = None
 
 
-def client_of(peer: str) -> str:
-    """The client a peer address counts as: an IPv4 address (IPv4-mapped ones too), an IPv6 one's /64, or the peer
-    string as it is (a Unix socket)."""
+def client_of(peer: str) -> tuple[str, str]:
+    """The client a peer address counts as and its network: an IPv4 address (IPv4-mapped ones too) and its /24, an
+    IPv6 address's /64 and /48; the peer string as it is, twice, when it is no address (a Unix socket)."""
     try:
-        ip = ipaddress.ip_address(peer)
+        ip = ipaddress.ip_address(peer.split("%")[0])
     except ValueError:
-        return peer
-    if isinstance(ip, ipaddress.IPv6Address):
-        if ip.ipv4_mapped is not None:
-            return str(ip.ipv4_mapped)
-        return str(ipaddress.IPv6Network((ip.exploded.split("%")[0], 64), strict=False))
-    return str(ip)
+        return peer, peer
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    prefixes = (64, 48) if ip.version == 6 else (32, 24)
+    client, network = (ipaddress.ip_network((ip, bits), strict=False) for bits in prefixes)
+    return str(ip) if ip.version == 4 else str(client), str(network)
 
 
 @dataclass
@@ -88,11 +91,12 @@ class _Client:
     failures: int = 0
     not_before: float = 0.0  # monotonic time before which a check of this (client, user name) is refused
     busy: bool = False  # a check of it waits or runs
+    failed_at: float = -RECENT  # monotonic time of the last failure (client and network records)
 
 
 @dataclass
 class _Ticket:
-    rank: tuple[bool, int]  # (its client failed recently, arrival): the lowest gets the next turn
+    rank: tuple[bool, bool, int]  # (its client failed recently, its network did, arrival): the lowest goes first
     bumped: bool = False
 
 
@@ -114,14 +118,17 @@ class _Turns:
             self._clients.popitem(last=False)
         return client
 
-    def take(self, client: str, user: str) -> bool:
+    def take(self, client: tuple[str, str], user: str) -> bool:
         """Wait for this check's turn; False: refused now (429), because that (client, user name) has a check in
         flight or waits out a failure, or the waiting turn is held by a check that ranks first."""
         with self._cond:
-            pair = self._client((client, user))
-            if pair.busy or time.monotonic() < pair.not_before:
+            now = time.monotonic()
+            pair = self._client((client[0], user))
+            if pair.busy or now < pair.not_before:
                 return False
-            ticket = _Ticket((self._client((client, None)).failures > 0, next(self._arrivals)))
+            address, network = (self._client((key, None)) for key in client)
+            ticket = _Ticket((now - address.failed_at < RECENT, now - network.failed_at < RECENT,
+                              next(self._arrivals)))
             if self._running or self._queue:
                 if len(self._queue) >= WAITING:
                     last = max(self._queue, key=lambda t: t.rank)
@@ -141,18 +148,18 @@ class _Turns:
             pair.busy = self._running = True
             return True
 
-    def done(self, client: str, user: str, ok: bool) -> None:
+    def done(self, client: tuple[str, str], user: str, ok: bool) -> None:
         with self._cond:
             self._running = False
-            pair, whole = self._client((client, user)), self._client((client, None))
+            now = time.monotonic()
+            pair, address = self._client((client[0], user)), self._client((client[0], None))
             pair.busy = False
             if ok:
-                pair.failures = whole.failures = 0
-                pair.not_before = 0.0
+                pair.failures, pair.not_before, address.failed_at = 0, 0.0, -RECENT
             else:
                 pair.failures += 1
-                whole.failures += 1
-                pair.not_before = time.monotonic() + min(MAX_FAILURE_DELAY, FAILURE_DELAY * 2 ** (pair.failures - 1))
+                pair.not_before = now + min(MAX_FAILURE_DELAY, FAILURE_DELAY * 2 ** (pair.failures - 1))
+                address.failed_at = self._client((client[1], None)).failed_at = now
             self._cond.notify_all()
 
 
