@@ -10,9 +10,10 @@ work happens there, every wait happens in the loop, so a handshake-less or half-
 A worker serves at most `requests_per_turn` pipelined requests of a connection, then the connection queues again
 behind the others, so a client that always has another request queued cannot keep a worker. Writes never wait in a
 worker either: it sends what the socket takes at once, and the loop sends the rest as the peer reads, under one
-`write_timeout` per response, after which the connection is closed. Until a response is all sent, no next request of
-its connection is served, so a slow reader holds one response (and a head buffer), never a worker
-(docs/research/audit-2026-12-02.md #8: 16 connections that never read held all 8 workers in blocking sends).
+`write_timeout` per response, after which the connection is reset (RST: the kernel drops the unsent bytes too). Until
+a response is all sent, no next request of its connection is served, so a slow reader holds one response (and a head
+buffer), never a worker (docs/research/audit-2026-12-02.md #8: 16 connections that never read held all 8 workers in
+blocking sends).
 
 The loop reads at most one read past `max_head_bytes` of unconsumed bytes per connection: a complete head is within
 that or it is refused (431) at once, whether more bytes arrive or not, so a connection never buffers more than a head
@@ -35,6 +36,7 @@ import queue
 import selectors
 import socket
 import ssl
+import struct
 import threading
 import time
 import traceback
@@ -47,6 +49,7 @@ from stallwatch.web.sockets import connection_cap, listen, read_available, send_
 log = logging.getLogger(__name__)
 
 _FD_ERRORS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
+_RESET = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() discards what is unsent and sends RST
 
 
 @dataclass(frozen=True)
@@ -294,6 +297,9 @@ class HttpServer:
     def _expire(self, now: float) -> None:
         expired = [conn for conn in self._waiting.values() if conn.deadline <= now]
         for conn in expired:
+            if conn.out is not None:  # reset: a FIN would wait behind the unsent bytes, in the kernel, for good
+                with contextlib.suppress(OSError):
+                    conn.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _RESET)
             self._close(conn)
 
     # -- workers: TLS handshakes and requests -----------------------------------------------------------------

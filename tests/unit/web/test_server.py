@@ -29,6 +29,7 @@ from stallwatch.web.routes import make_app, serve
 from stallwatch.web.server import HttpServer, Limits
 from support.client import request
 from support.harness import poll
+from support.load import cut
 from support.looks import Looked, look
 
 PIPELINED = b"GET /-/healthy HTTP/1.1\r\nHost: x\r\n\r\n" * 256
@@ -495,13 +496,14 @@ def test_slow_readers_hold_no_worker_and_get_one_response_at_a_time() -> None:
 
 def test_a_reader_that_stalls_is_closed_at_its_write_deadline() -> None:
     """The other half of docs/research/audit-2026-12-02.md #8: a response the loop holds for a reader that never
-    reads is dropped at the response's write deadline (1 s here), with its connection, so slow readers cannot pile
-    up to the connection cap."""
+    reads is dropped at the response's write deadline (1 s here), with its connection, reset so that the kernel
+    drops the unsent bytes too, so slow readers cannot pile up to the connection cap."""
     server = HttpServer(lambda _: Response(200, [], b"x" * (1 << 20)), "127.0.0.1", 0, Limits(write_timeout=1.0))
     server.start()
     (slow,) = _slow_readers(server.server_port, 1, b"GET /big HTTP/1.1\r\nHost: x\r\n\r\n" * 16)
     try:
         poll(lambda: server.open_connections == 0, what="the stalled reader closed", timeout=20)
+        poll(lambda: cut(slow), what="the reset to reach the reader")  # a FIN would wait behind the unsent bytes
         assert len(read_to_close(slow)) < 16 << 20  # closed before its responses were all sent
     finally:
         slow.close()
