@@ -134,7 +134,7 @@ class _Turns:
                     last = max(self._queue, key=lambda t: t.rank)
                     if last.rank < ticket.rank:
                         return False
-                    last.bumped = True  # a clean client's check takes the turn of one whose client failed
+                    last.bumped = True  # a check that ranks first takes the waiting turn of the last
                     self._queue.remove(last)
                     self._cond.notify_all()
                 self._queue.append(ticket)
