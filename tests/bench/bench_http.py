@@ -11,12 +11,14 @@ The exporter watches a simulated SGLang TP=8 server with 8 fake GPUs, on loopbac
   6. scrapes beside 8 connections that stream pipelined requests without pause
      (docs/research/audit-2026-12-01.md #4);
   7. authenticated scrapes beside 48 connections guessing the password of a cost-12 hash
-     (docs/research/audit-2026-12-01.md #6).
+     (docs/research/audit-2026-12-01.md #6);
+  8. scrapes beside 16 connections that ask for `/metrics` 1,000 times and never read, and when the exporter reset
+     them (write deadline 10 s; docs/research/audit-2026-12-02.md #8).
 The attacking clients of 6 and 7 run in a child process, so that their threads do not slow the measuring client;
 the regression tests of 5-7 are tests/unit/web/test_server.py.
 
     .venv/bin/python tests/bench/bench_http.py [--seconds 60] [--scrapers 50] [--idle 1000] [--slow 200]
-        [--attack-seconds 15] [--only bigheads,pipelining,guessing]
+        [--attack-seconds 15] [--slow-readers 16] [--only bigheads,pipelining,guessing,slowreaders]
 """
 
 from __future__ import annotations
@@ -47,10 +49,12 @@ from support.load import (
     Scraper,
     concurrent_scrapers,
     cpu_percent,
+    cut,
     idle_and_slowloris,
     past_fd_limit,
     raise_nofile,
     sequential_scrapes,
+    slow_readers,
     start_rig,
     timed_scrapes,
     tls_beside_handshakeless,
@@ -247,8 +251,20 @@ def guessing(tmp: Path, args: argparse.Namespace) -> None:
           "  (target: p99 close to an unattacked scrape)")
 
 
+def slow_reading(rig: Rig, args: argparse.Namespace) -> None:
+    with slow_readers(rig.exporter.port, args.slow_readers, requests=1000) as socks:
+        start = time.monotonic()
+        figures = sequential_scrapes(rig.exporter.port, 200, pause=0.02)
+        print(figures.line(f"scrapes beside {args.slow_readers} connections that never read")
+              + "  (target: 0 errors, p99 close to an unattacked scrape)")
+        done = poll(lambda: all(cut(sock) for sock in socks) and time.monotonic(), timeout=60, interval=0.2,
+                    what="slow readers reset")
+        print(f"  all {len(socks)} reset by the exporter {done - start:.1f} s after the scrapes began "
+              "(write deadline 10 s)")
+
+
 RIG_SCENARIOS = {"scrapers": scrapers, "flood": flood, "emfile": lambda rig, _: emfile(rig), "bigheads": big_heads,
-                 "pipelining": pipelining}
+                 "pipelining": pipelining, "slowreaders": slow_reading}
 OWN_EXPORTER = {"tls": lambda tmp, _: tls(tmp), "guessing": guessing}
 
 
@@ -262,6 +278,7 @@ def main() -> None:
     parser.add_argument("--bigheads", type=int, default=150)
     parser.add_argument("--pipeliners", type=int, default=8)
     parser.add_argument("--guessers", type=int, default=48)
+    parser.add_argument("--slow-readers", type=int, default=16)
     parser.add_argument("--only", default=",".join([*RIG_SCENARIOS, *OWN_EXPORTER]), help="scenarios, comma-separated")
     args = parser.parse_args()
     chosen = args.only.split(",")

@@ -1,6 +1,7 @@
 """The HTTP load and fault scenarios, shared by the reduced suite (`tests/system/test_load.py`) and the full-size
-benchmark (`tests/bench/bench_http.py`): keep-alive scrapers, idle and slowloris connections, handshake-less TLS
-clients, and descriptor exhaustion, against an exporter watching a simulated SGLang TP=8 server with 8 fake GPUs.
+benchmark (`tests/bench/bench_http.py`): keep-alive scrapers, idle and slowloris connections, readers that never
+read, handshake-less TLS clients, and descriptor exhaustion, against an exporter watching a simulated SGLang TP=8
+server with 8 fake GPUs.
 Every scenario is bounded in count and time and closes what it opened."""
 
 from __future__ import annotations
@@ -163,6 +164,35 @@ def idle_and_slowloris(port: int, idle: int, slow: int, trickle: float = 0.5) ->
         for sock in socks:
             with contextlib.suppress(OSError):
                 sock.close()
+
+
+@contextlib.contextmanager
+def slow_readers(port: int, count: int, requests: int = 50) -> Iterator[list[socket.socket]]:
+    """`count` connections with a 1 KiB receive buffer, each sending `requests` pipelined `GET /metrics` and never
+    reading, for as long as the block runs (docs/research/audit-2026-12-02.md #8's `slowread`). Yields every socket
+    (`cut` tells, without reading, whether the exporter closed it)."""
+    socks: list[socket.socket] = []
+    try:
+        for _ in range(count):
+            sock = socket.socket()
+            socks.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024)
+            sock.settimeout(10)
+            sock.connect(("127.0.0.1", port))
+            sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n" * requests)
+        yield socks
+    finally:
+        for sock in socks:
+            with contextlib.suppress(OSError):
+                sock.close()
+
+
+def cut(sock: socket.socket) -> bool:
+    """Whether the peer closed or reset a TCP connection, by its state (`tcp_info.tcpi_state`), without reading."""
+    return sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)[0] != TCP_ESTABLISHED
+
+
+TCP_ESTABLISHED = 1
 
 
 def timed_get(url: str, timeout: float = 120.0) -> float:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,10 +14,12 @@ from support.load import (
     Rig,
     concurrent_scrapers,
     cpu_percent,
+    cut,
     idle_and_slowloris,
     past_fd_limit,
     raise_nofile,
     sequential_scrapes,
+    slow_readers,
     start_rig,
     tls_beside_handshakeless,
     wait_ready,
@@ -57,6 +60,20 @@ def test_idle_connections_and_slowloris_do_not_slow_scrapes(rig: Rig) -> None:
           + f"; exporter threads {threads_before} -> {threads_during}")
     assert len(figures.latencies) == 100 and not figures.errors, figures.errors[:5]
     assert threads_during <= threads_before + 2  # nothing per connection
+
+
+def test_readers_that_never_read_do_not_stall_scrapes(rig: Rig) -> None:
+    """16 connections asking for `/metrics` 50 times each and never reading held every HTTP worker in a blocking
+    send for the 10 s write timeout, so scrapes took 8-20 s (docs/research/audit-2026-12-02.md #8). Here each asks
+    1,000 times, more answers than the kernel's send buffer takes (4 MiB at most by default): 20 scrapes beside them
+    are all answered (each gives up after 10 s), and the exporter resets the 16 at their write deadline."""
+    with slow_readers(rig.exporter.port, 16, requests=1000) as socks:
+        start = time.monotonic()
+        figures = sequential_scrapes(rig.exporter.port, 20)
+        print("\n" + figures.line("scrapes beside 16 connections that never read"))
+        assert len(figures.latencies) == 20 and not figures.errors, figures.errors[:5]
+        poll(lambda: all(cut(sock) for sock in socks), timeout=60, interval=0.5, what="the 16 readers cut")
+        print(f"  all 16 cut {time.monotonic() - start:.1f} s after the scrapes began (write deadline 10 s)")
 
 
 @pytest.mark.process

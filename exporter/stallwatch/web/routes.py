@@ -1,5 +1,6 @@
 """HTTP routes: landing page `/`, the metrics endpoint, `/-/healthy`, each server's status page `/servers/<name>`
-(and its report as `diagnose --json` writes it, `?format=json`) and its static files, behind `--web.config.file`'s
+(`/servers/?name=<name>` for `.` and `..`, which clients remove from paths; its report as `diagnose --json` writes
+it with `format=json`) and its static files, behind `--web.config.file`'s
 basic auth and headers; and `serve`, which listens.
 
 The server itself is `web.server` (bounded worker pool, deadlines, connection cap); the metrics endpoint is
@@ -11,7 +12,7 @@ from __future__ import annotations
 import html
 import threading
 import time
-from urllib.parse import quote, unquote, unquote_plus
+from urllib.parse import parse_qs, quote, unquote, unquote_plus
 
 from prometheus_client import CollectorRegistry
 
@@ -63,17 +64,26 @@ def _landing(watcher: Watcher, telemetry_path: str, status: bool) -> Response:
     return Response(200, [("Content-Type", "text/html; charset=utf-8")], body)
 
 
+DOT_SEGMENTS = (".", "..")
+
+
 def status_path(name: str) -> str:
-    """`/servers/<name>`, the name escaped whole (`/` too) as the alert rules' `urlquery` does."""
-    return STATUS_PREFIX + quote(name.encode("utf-8", "surrogateescape"), safe="")
+    """`/servers/<name>`, the name escaped whole (`/` too) as the alert rules' `urlquery` does. A name that is a dot
+    segment goes in the query, `/servers/?name=..`: clients remove `.` and `..` from a path (RFC 3986 5.2.4), and
+    browsers their escaped forms too (`%2E`, WHATWG URL's single- and double-dot segments), so no spelling of it in
+    the path reaches its page (docs/research/audit-2026-12-02.md #15)."""
+    escaped = quote(name.encode("utf-8", "surrogateescape"), safe="")
+    return f"{STATUS_PREFIX}?name={escaped}" if name in DOT_SEGMENTS else STATUS_PREFIX + escaped
 
 
 def _status_handler(status: StatusPages) -> Handler:
     def page(request: Request) -> Response:
         escaped = request.path[len(STATUS_PREFIX):]
-        # `urlquery` writes a space as `+`; a name with a real `+` is found by the first spelling.
-        server = status.find(unquote(escaped, errors="surrogateescape")) or status.find(
-            unquote_plus(escaped, errors="surrogateescape"))
+        if not escaped and (named := parse_qs(request.url.query, errors="surrogateescape").get("name")):
+            server = status.find(named[0])  # `status_path` of `.` and `..`
+        else:  # `urlquery` writes a space as `+`; a name with a real `+` is found by the first spelling.
+            server = status.find(unquote(escaped, errors="surrogateescape")) or status.find(
+                unquote_plus(escaped, errors="surrogateescape"))
         if server is None:
             return Response(404, [TEXT], b"No watched server of that name.\n")
         view = status.view(server)
@@ -97,7 +107,7 @@ def _refusal(allowed: bool | None) -> Response | None:
     """None when `BasicAuth.check` let the request in, else its answer."""
     if allowed:
         return None
-    if allowed is None:  # bcrypt busy with other checks: answered now rather than holding a worker in its queue
+    if allowed is None:  # no turn at bcrypt for this client now: answered at once rather than holding a worker
         return Response(429, [TEXT, ("Retry-After", "1")], b"Too many password checks at once; try again.\n")
     return Response(401, [TEXT, ("WWW-Authenticate", "Basic")], b"Unauthorized\n")
 
@@ -119,7 +129,7 @@ def make_app(registry: CollectorRegistry, watcher: Watcher, telemetry_path: str,
     status_page = _status_handler(status) if status is not None else None
 
     def route(request: Request) -> Response:
-        if auth is not None and (refused := _refusal(auth.check(request.headers.get("authorization")))):
+        if auth is not None and (refused := _refusal(auth.check(request.headers.get("authorization"), request.peer))):
             return refused
         handler = routes.get(request.path)
         if handler is None and status_page is not None and request.path.startswith(STATUS_PREFIX):

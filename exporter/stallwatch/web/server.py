@@ -8,9 +8,16 @@ Go's `http.Server.ReadHeaderTimeout`). TLS handshakes are stepped in workers wit
 work happens there, every wait happens in the loop, so a handshake-less or half-open TLS client stalls nobody.
 
 A worker serves at most `requests_per_turn` pipelined requests of a connection, then the connection queues again
-behind the others, so a client that always has another request queued cannot keep a worker. The loop reads at most
-one read past `max_head_bytes` of unconsumed bytes per connection: a complete head is within that or it is refused
-(431) at once, whether more bytes arrive or not, so a connection never buffers more than a head and one read.
+behind the others, so a client that always has another request queued cannot keep a worker. Writes never wait in a
+worker either: it sends what the socket takes at once, and the loop sends the rest as the peer reads, under one
+`write_timeout` per response, after which the connection is reset (RST: the kernel drops the unsent bytes too). Until
+a response is all sent, no next request of its connection is served, so a slow reader holds one response (and a head
+buffer), never a worker (docs/research/audit-2026-12-02.md #8: 16 connections that never read held all 8 workers in
+blocking sends).
+
+The loop reads at most one read past `max_head_bytes` of unconsumed bytes per connection: a complete head is within
+that or it is refused (431) at once, whether more bytes arrive or not, so a connection never buffers more than a head
+and one read. Memory held for clients is thus at most `max_connections` x (a head, one read and one response).
 
 Limits: `max_connections` (kept below the process's RLIMIT_NOFILE: `sockets.connection_cap`); when full, the
 connection waiting longest with no request is closed to admit the new one, so idle floods cannot lock scrapers out.
@@ -29,6 +36,7 @@ import queue
 import selectors
 import socket
 import ssl
+import struct
 import threading
 import time
 import traceback
@@ -41,6 +49,7 @@ from stallwatch.web.sockets import connection_cap, listen, read_available, send_
 log = logging.getLogger(__name__)
 
 _FD_ERRORS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
+_RESET = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() discards what is unsent and sends RST
 
 
 @dataclass(frozen=True)
@@ -57,7 +66,7 @@ class Limits:
 
 
 class _Conn(HeadBuffer):
-    __slots__ = ("deadline", "idle", "peer", "sock", "state", "want_write")
+    __slots__ = ("close_after", "deadline", "idle", "out", "peer", "sock", "state", "want_write")
 
     def __init__(self, sock: socket.socket, peer: str, state: str, deadline: float) -> None:
         super().__init__()
@@ -67,6 +76,8 @@ class _Conn(HeadBuffer):
         self.deadline = deadline
         self.idle = False  # keep-alive, waiting for a next request: its deadline moves at the first byte
         self.want_write = False
+        self.out: memoryview | None = None  # the unsent rest of a response: no next request is served until it is sent
+        self.close_after = False  # close once `out` is sent (the response said `Connection: close`)
 
     def next_head(self, limit: int) -> int:
         """End offset of the next head once the handshake is done, it is complete and at most `limit` bytes; else -1."""
@@ -242,6 +253,13 @@ class HttpServer:
         self._open -= 1
 
     def _ready(self, conn: _Conn) -> None:
+        if conn.out is not None:  # the socket drained: the loop writes more of the response, never a worker
+            self._unwait(conn)
+            if self._write(conn):
+                self._dispatch(conn)
+            else:
+                self._close(conn)
+            return
         if conn.state == "handshake":
             self._unwait(conn)
             self._tasks.put(conn)
@@ -255,8 +273,11 @@ class HttpServer:
     def _dispatch(self, conn: _Conn) -> None:
         """After a read or a worker's turn: a complete head goes to a worker, behind the connections already queued
         (pipelined ones too); bytes over the head limit without one are refused at once, since nothing more is read
-        for them; else the connection waits (registered once) for more bytes."""
-        if conn.next_head(self.limits.max_head_bytes) >= 0:
+        for them; else the connection waits (registered once) for more bytes. One with a response still unsent waits
+        for its socket to drain instead, under the response's write deadline."""
+        if conn.out is not None:
+            self._wait(conn)
+        elif conn.next_head(self.limits.max_head_bytes) >= 0:
             self._unwait(conn)
             self._tasks.put(conn)
         elif conn.pending() > self.limits.max_head_bytes:
@@ -276,6 +297,9 @@ class HttpServer:
     def _expire(self, now: float) -> None:
         expired = [conn for conn in self._waiting.values() if conn.deadline <= now]
         for conn in expired:
+            if conn.out is not None:  # reset: a FIN would wait behind the unsent bytes, in the kernel, for good
+                with contextlib.suppress(OSError):
+                    conn.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _RESET)
             self._close(conn)
 
     # -- workers: TLS handshakes and requests -----------------------------------------------------------------
@@ -305,6 +329,8 @@ class HttpServer:
                 break
             if head and not self._serve(conn, head):
                 return False
+            if conn.out is not None:
+                return True  # the loop sends the rest as the peer reads; its next request waits until then
         # TLS may hold bytes that select() cannot see
         if not read_available(conn.sock, conn, self.limits.max_head_bytes):
             return False
@@ -347,11 +373,9 @@ class HttpServer:
             keep = False
             data = serialize(Response(500, [("Content-Type", "text/plain; charset=utf-8")], b"Internal error.\n"),
                              head_only, keep)
-        if not self._send(conn, data):
-            return False
-        conn.idle = True
-        conn.deadline = time.monotonic() + self.limits.idle_timeout
-        return keep
+        conn.out, conn.close_after = memoryview(data), not keep
+        conn.deadline = time.monotonic() + self.limits.write_timeout
+        return self._write(conn)
 
     def _failed(self, request: Request, exc: Exception) -> None:
         """Logged with its traceback once per kind (type and where it was raised), later ones at debug: a client
@@ -367,12 +391,24 @@ class HttpServer:
         else:
             log.debug("handler failed for %s %r: %r", request.method, request.target, exc)
 
-    def _send(self, conn: _Conn, data: bytes) -> bool:
+    def _write(self, conn: _Conn) -> bool:
+        """Send what the socket takes now of `conn.out`, never waiting (in a worker right after the response is made,
+        then in the loop each time the socket drains). Whether the connection stays open: False when the peer failed
+        or the response, now sent, closes it. Unsent bytes stay in `out`, under the deadline `_serve` set."""
+        assert conn.out is not None
         try:
-            conn.sock.settimeout(self.limits.write_timeout)
-            conn.sock.sendall(data)
-            conn.sock.setblocking(False)
+            while conn.out:
+                conn.out = conn.out[conn.sock.send(conn.out):]
+        except (BlockingIOError, ssl.SSLWantWriteError):
+            conn.want_write = True
+            return True
+        except ssl.SSLWantReadError:  # TLS wants the peer's bytes first (a key update): wait to read, then write
+            conn.want_write = False
+            return True
         except (OSError, ssl.SSLError) as exc:
             log.debug("write to %s failed: %s", conn.peer, exc)
             return False
-        return True
+        conn.out, conn.want_write = None, False
+        conn.idle = True
+        conn.deadline = time.monotonic() + self.limits.idle_timeout
+        return not conn.close_after

@@ -1,30 +1,79 @@
-"""Basic auth: checks and the cache of good credentials."""
+"""Basic auth: checks, the cache of good credentials, and turns at bcrypt per client."""
 
 from __future__ import annotations
 
 import base64
+import threading
 
 import bcrypt
 import pytest
 
-from stallwatch.web.auth import BasicAuth
+from stallwatch.web.auth import BasicAuth, client_of
+from support.harness import poll
 
 HASH = bcrypt.hashpw(b"secret", bcrypt.gensalt(4)).decode()
 
 
+def basic(user: str, password: str) -> str:
+    return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+
+
 def test_basic_auth_checks_and_caches(monkeypatch: pytest.MonkeyPatch) -> None:
     auth = BasicAuth({"alice": HASH.encode()})
-
-    def header(user: str, password: str) -> str:
-        return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
-
+    header = basic
     assert auth.check(header("alice", "secret"))
     assert not auth.check(header("alice", "wrong")) and not auth.check(header("bob", "secret"))
     assert not auth.check(None) and not auth.check("Bearer x") and not auth.check("Basic !!!")
-    assert not auth.check(header("alice", "x" * 100))  # over bcrypt's 72 bytes: refused, not an exception
+    assert auth.check(header("alice", "x" * 100), "10.0.0.9") is False  # over bcrypt's 72 bytes: not an exception
     checked: list[bytes] = []
     real = bcrypt.checkpw
     monkeypatch.setattr(bcrypt, "checkpw", lambda password, digest: checked.append(digest) or real(password, digest))
     for _ in range(50):
         assert auth.check(header("alice", "secret"))
     assert checked == []  # cached: no bcrypt check for credentials already found good
+
+
+def test_a_client_is_an_ipv4_address_or_an_ipv6_64_in_a_24_or_a_48() -> None:
+    assert client_of("::ffff:10.1.2.3") == client_of("10.1.2.3") == ("10.1.2.3", "10.1.2.0/24")
+    assert client_of("2001:db8::66") == client_of("2001:db8:0:0:ffff::1") == ("2001:db8::/64", "2001:db8::/48")
+    assert client_of("2001:db8:0:1::66") == ("2001:db8:0:1::/64", "2001:db8::/48") and client_of("") == ("", "")
+    assert client_of("fe80::1%eth0") == ("fe80::/64", "fe80::/48")
+
+
+def _in_thread(results: dict[str, bool | None], name: str, auth: BasicAuth, header: str, peer: str) -> threading.Thread:
+    thread = threading.Thread(target=lambda: results.__setitem__(name, auth.check(header, peer)), daemon=True)
+    thread.start()
+    return thread
+
+
+@pytest.mark.parametrize(("waiting", "scraper"), [("10.0.0.67", "10.0.0.1"), ("10.0.0.68", "192.0.2.1")],
+                         ids=["address-failed", "network-failed"])
+def test_a_flood_of_wrong_passwords_lets_a_scraper_with_the_right_one_through(
+        monkeypatch: pytest.MonkeyPatch, waiting: str, scraper: str) -> None:
+    """A flood of wrong passwords took every turn at bcrypt, so a scraper whose password was not cached yet (after
+    any restart, every scraper) got 429 for as long as the flood lasted (docs/research/audit-2026-12-02.md #9).
+    While one guess holds bcrypt (held here until the end), the flooding client's further guesses are refused at once,
+    a guess from an address that failed before (or a fresh one in its /24, against a scraper from another network)
+    gives up its waiting turn to the scraper, and the scraper, checked next, is let in; the flooder's own address then
+    waits out its failure delay."""
+    release, real = threading.Event(), bcrypt.checkpw
+    monkeypatch.setattr(bcrypt, "checkpw", lambda password, digest: (password == b"secret" or release.wait(30))
+                        and real(password, digest))
+    auth = BasicAuth({"alice": HASH.encode(), "bob": HASH.encode()})
+    release.set()
+    assert auth.check(basic("bob", "guess"), "10.0.0.67") is False  # that address has failed before
+    release.clear()
+    results: dict[str, bool | None] = {}
+    threads = [_in_thread(results, "flood", auth, basic("alice", "guess0"), "2001:db8::66")]
+    poll(lambda: auth._turns._running, what="the first guess inside bcrypt")
+    threads.append(_in_thread(results, "failed before", auth, basic("alice", "guess1"), waiting))
+    poll(lambda: auth._turns._queue, what="the second guess waiting")
+    assert [auth.check(basic("alice", f"guess{i}"), "2001:db8::1:2") for i in range(2, 20)] == [None] * 18  # same /64
+    threads.append(_in_thread(results, "scraper", auth, basic("bob", "secret"), scraper))
+    poll(lambda: "failed before" in results, what="the waiting guess refused for the scraper")
+    release.set()
+    for thread in threads:
+        thread.join(30)
+    assert results == {"flood": False, "failed before": None, "scraper": True}
+    assert auth.check(basic("alice", "guess20"), "2001:db8::66") is None  # within its failure delay
+    assert auth.check(basic("alice", "secret"), scraper)  # another client: checked now

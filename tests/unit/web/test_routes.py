@@ -1,8 +1,11 @@
-"""Routes: status pages behind basic auth, and names that are not UTF-8 link and resolve."""
+"""Routes: status pages behind basic auth, and names that are not UTF-8 or are dot segments link and resolve."""
 
 from __future__ import annotations
 
+import html
+import re
 from types import SimpleNamespace
+from urllib.parse import urljoin, urlsplit
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -11,6 +14,7 @@ from stallwatch.config import Config
 from stallwatch.config.web import WebConfig
 from stallwatch.report.live import StatusPages
 from stallwatch.runtime import Runtime
+from stallwatch.web.http import parse_head
 from stallwatch.web.routes import make_app
 from support.looks import Looked, look
 
@@ -39,5 +43,24 @@ def test_status_pages_sit_behind_basic_auth() -> None:
     app = make_app(CollectorRegistry(), SimpleNamespace(servers=list), "/metrics",  # type: ignore[arg-type]
                    WebConfig(users={"admin": b"$2b$04$" + b"x" * 53}), pages)  # type: ignore[arg-type]
     for path in ("/servers/x", "/static/status.js"):
-        request = SimpleNamespace(path=path, method="GET", headers={}, query={})
+        request = SimpleNamespace(path=path, method="GET", headers={}, query={}, peer="10.0.0.1")
         assert app(request).status == 401  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("name", [".", ".."])
+def test_a_server_named_a_dot_segment_links_to_its_own_page(name: str) -> None:
+    """The landing page linked `/servers/.` and `/servers/..`, which clients (RFC 3986 5.2.4) and browsers (WHATWG
+    URL, `%2E` too) turn into `/servers/` and `/`: the link of a server so named led to a 404 or the landing page
+    (docs/research/audit-2026-12-02.md #15). Its link, resolved as a client does, still names it and leads to it
+    (its report too); the escaped path `/servers/%2E` that RFC 3986 clients keep leads to it as well."""
+    server = Looked(look(name))
+    watcher = SimpleNamespace(servers=lambda: [server])
+    asked: list[str] = []
+    pages = SimpleNamespace(find=lambda wanted: asked.append(wanted))
+    app = make_app(CollectorRegistry(), watcher, "/metrics", None, pages)  # type: ignore[arg-type]
+    link = re.search(r'<td><a href="([^"]*)">', app(parse_head(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")).body.decode())
+    assert link is not None
+    resolved = urljoin("http://x/", html.unescape(link[1]))  # dot segments removed as a client does
+    for target in (urlsplit(resolved)._replace(scheme="", netloc="").geturl(), "/servers/" + "%2E" * len(name)):
+        assert app(parse_head(f"GET {target} HTTP/1.1\r\nHost: x\r\n\r\n".encode())).status == 404
+        assert asked.pop() == name, target

@@ -29,6 +29,7 @@ from stallwatch.web.routes import make_app, serve
 from stallwatch.web.server import HttpServer, Limits
 from support.client import request
 from support.harness import poll
+from support.load import cut
 from support.looks import Looked, look
 
 PIPELINED = b"GET /-/healthy HTTP/1.1\r\nHost: x\r\n\r\n" * 256
@@ -225,9 +226,10 @@ def test_a_request_then_an_endless_head_is_refused_at_once_on_every_connection()
 
 
 def test_password_guesses_never_take_the_workers_a_cached_scrape_needs(spied_bcrypt: SimpleNamespace) -> None:
-    """Four workers and six guesses in flight while bcrypt is stuck on the first: one runs, one waits, four are
-    told 429 at once, and the scraper with cached credentials is answered. Without the bound, all four workers
-    wait on the bcrypt lock and the scrape behind them until bcrypt ends."""
+    """Four workers and six guesses from one client in flight while bcrypt is stuck on the first: it runs, the five
+    others are told 429 at once (one check at a time per client and user name), and the scraper with cached
+    credentials is answered. Without the bound, all four workers wait on the bcrypt lock and the scrape behind them
+    until bcrypt ends."""
     config = WebConfig(users={"alice": HASH})
     with serving(web_config=config, workers=4) as port:
         good = get("/-/healthy", f"Authorization: {basic(b'alice', b'secret')}")
@@ -238,11 +240,11 @@ def test_password_guesses_never_take_the_workers_a_cached_scrape_needs(spied_bcr
                 sock.sendall(get("/metrics", f"Authorization: {basic(b'alice', b'guess%d' % i)}"))
             poll(lambda: len(spied_bcrypt.calls) == 2, what="a guess inside bcrypt")
             assert status(exchange(port, good, timeout=5)) == 200
-            poll(lambda: len(_refusals(guesses)) >= 4, what="the guesses beyond one waiting refused")
-            assert len(_refusals(guesses)) == 4 and all(b"Retry-After: 1" in a for a in _refusals(guesses))
+            poll(lambda: len(_refusals(guesses)) >= 5, what="the guesses beyond the one running refused")
+            assert len(_refusals(guesses)) == 5 and all(b"Retry-After: 1" in a for a in _refusals(guesses))
             spied_bcrypt.release.set()
             answers = _read_all_to_close(guesses, time.monotonic() + 10)
-            assert sorted(status(a) for a in answers) == [401] * 2 + [429] * 4
+            assert sorted(status(a) for a in answers) == [401] + [429] * 5
         finally:
             for sock in guesses:
                 sock.close()
@@ -251,12 +253,13 @@ def test_password_guesses_never_take_the_workers_a_cached_scrape_needs(spied_bcr
 def test_wrong_passwords_never_push_a_cached_success_out(spied_bcrypt: SimpleNamespace) -> None:
     """Wrong passwords could evict the scraper's cached success: 100 distinct failures pushed it out of the one
     cache, and its next scrape waited for bcrypt behind the guesses (docs/research/audit-2026-12-01.md #6). After 150
-    failures the right password is still answered from the cache, without a bcrypt call."""
+    failures (from 150 addresses, each checked at once) the right password is still answered from the cache, without a
+    bcrypt call."""
     spied_bcrypt.release.set()  # a real bcrypt (cost 4): only the calls are counted
     auth = BasicAuth({"alice": HASH})
     assert auth.check(basic(b"alice", b"secret"))
     for i in range(150):  # more distinct failures than the cache holds
-        assert auth.check(basic(b"alice", b"wrong%d" % i)) is False
+        assert auth.check(basic(b"alice", b"wrong%d" % i), f"10.0.0.{i}") is False
     calls = len(spied_bcrypt.calls)
     assert auth.check(basic(b"alice", b"secret")) and len(spied_bcrypt.calls) == calls  # still cached
 
@@ -446,4 +449,62 @@ def test_connection_cap_closes_the_longest_waiting_for_a_new_one() -> None:
         for sock in idle:
             sock.close()
     finally:
+        server.shutdown()
+
+
+def _slow_readers(port: int, count: int, data: bytes) -> list[socket.socket]:
+    """Connections with a 1 KiB receive buffer that send `data` and never read, as the audit's `slowread`."""
+    socks = []
+    for _ in range(count):
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024)
+        sock.settimeout(10)
+        sock.connect(("127.0.0.1", port))
+        sock.sendall(data)
+        socks.append(sock)
+    return socks
+
+
+def _writing(server: HttpServer) -> int:
+    """Connections whose response the loop is still sending."""
+    return sum(conn.out is not None for conn in list(server._waiting.values()))
+
+
+def test_slow_readers_hold_no_worker_and_get_one_response_at_a_time() -> None:
+    """16 connections that ask for a 1 MB response 50 times (pipelined) and never read held every worker in a
+    blocking send for the write timeout, so `/metrics` took 8-20 s (docs/research/audit-2026-12-02.md #8). With two
+    workers and a 60 s write deadline, each connection's unsent response waits in the loop, with no next request of
+    it served meanwhile (what the kernel's buffers took aside), and a new client is answered at once."""
+    body, made = b"x" * (1 << 20), []
+
+    def handler(request: object) -> Response:
+        made.append(1)
+        return Response(200, [("Content-Type", "text/plain")], body)
+
+    server = HttpServer(handler, "127.0.0.1", 0, Limits(workers=2, write_timeout=60.0))
+    server.start()
+    slow = _slow_readers(server.server_port, 16, b"GET /big HTTP/1.1\r\nHost: x\r\n\r\n" * 50)
+    try:
+        poll(lambda: _writing(server) == 16, what="16 responses left to the loop", timeout=30)
+        assert status(exchange(server.server_port, get("/-/healthy"), timeout=10)) == 200
+        assert _writing(server) == 16 and len(made) < 16 * 50  # the slow ones still connected, most requests unserved
+    finally:
+        for sock in slow:
+            sock.close()
+        server.shutdown()
+
+
+def test_a_reader_that_stalls_is_closed_at_its_write_deadline() -> None:
+    """The other half of docs/research/audit-2026-12-02.md #8: a response the loop holds for a reader that never
+    reads is dropped at the response's write deadline (1 s here), with its connection, reset so that the kernel
+    drops the unsent bytes too, so slow readers cannot pile up to the connection cap."""
+    server = HttpServer(lambda _: Response(200, [], b"x" * (1 << 20)), "127.0.0.1", 0, Limits(write_timeout=1.0))
+    server.start()
+    (slow,) = _slow_readers(server.server_port, 1, b"GET /big HTTP/1.1\r\nHost: x\r\n\r\n" * 16)
+    try:
+        poll(lambda: server.open_connections == 0, what="the stalled reader closed", timeout=20)
+        poll(lambda: cut(slow), what="the reset to reach the reader")  # a FIN would wait behind the unsent bytes
+        assert len(read_to_close(slow)) < 16 << 20  # closed before its responses were all sent
+    finally:
+        slow.close()
         server.shutdown()
