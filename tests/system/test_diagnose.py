@@ -207,9 +207,13 @@ def _gone(e: Exporter, sim: Engine, stop_requested: float) -> None:
     """Wait until the running exporter has seen `sim`'s main process gone (its phase ended within a second of it),
     with its stop line read or not."""
     sim.proc.wait(30)
-    e.wait_for(lambda s: s.value("stallwatch_startup_phase", server=sim.name, phase="stopped") == 1
-               and s.value("stallwatch_server_stop_requested", server=sim.name) == stop_requested,
-               what=f"{sim.name} gone")
+    try:
+        e.wait_for(lambda s: s.value("stallwatch_startup_phase", server=sim.name, phase="stopped") == 1
+                   and s.value("stallwatch_server_stop_requested", server=sim.name) == stop_requested,
+                   what=f"{sim.name} gone")
+    except AssertionError as exc:  # what the exporter had read, to tell a lost stop line from a late one
+        seen = [line for line in e.scrape().text.splitlines() if sim.name in line and "_log_" in line]
+        raise AssertionError(f"{exc}\nthe log: {sim.log.read_text()[-600:]!r}\nthe exporter: {seen}") from exc
 
 
 def test_a_discovered_server_gone_after_a_crash_is_down_by_name(tmp_path: Path, exporter, engine) -> None:
