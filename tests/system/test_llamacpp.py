@@ -48,7 +48,9 @@ def test_a_clean_stop_then_a_restart_in_the_same_log(exporter, llama) -> None:
     e = exporter(config=CONFIG)
     first = llama()
     first.wait_healthy()
-    e.wait_for(lambda s: phase(s, first.name) == "serving", timeout=20, what="serving")
+    e.wait_for(lambda s: phase(s, first.name) == "serving"
+               and s.value("stallwatch_log_up", server=first.name, path=str(first.log)) == 1, timeout=20,
+               what="serving, its log followed")
     first.signal(signal.SIGINT)
     assert first.wait() == 0
     # The process's end and its last lines may be read in either order.
