@@ -4,6 +4,7 @@ CPU totals that never decrease while it lives."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import re
 import threading
@@ -54,9 +55,9 @@ class Candidate:
     argv: tuple[str, ...]
     cmdline: str  # argv joined by spaces, what a configured `match.cmdline` sees
 
-    @property
+    @functools.cached_property
     def invocation(self) -> str:
-        """What an engine's `program` pattern sees: `invocation(argv)`."""
+        """What an engine's `program` pattern sees: `invocation(argv)`, worked out once for every engine's match."""
         return invocation(self.argv)
 
 
