@@ -38,9 +38,9 @@ def build(config: Config, flags: Mapping[str, bool | None]) -> Runtime:
     values, None where the config decides), the probes and engine pages following the watcher, and the history
     behind the status pages. Nothing is started yet (`Runtime.start`)."""
     on = collectors.enabled(config, flags)
-    watcher = Watcher(config)
     gpu, probe = _section(on, "gpu", GpuSettings), _section(on, "probe", ProbeSettings)
     pages, logs = _section(on, "engine_metrics", EngineMetricsSettings), _section(on, "logs", LogsSettings)
+    watcher = Watcher(config, hold_logs=logs is not None)
     runtime = Runtime(
         config, watcher,
         nvml=Nvml(gpu.sample_interval, gpu.timeout, rootfs=config.paths.rootfs, procfs=config.paths.procfs,
@@ -64,7 +64,7 @@ def oneshot(config: Config) -> Runtime:
     watcher; the log replay counts the events of the current launch, and the evidence is kept (the reader is the
     node's admin)."""
     config = dataclasses.replace(config, web=dataclasses.replace(config.web, show_evidence=True))
-    watcher = Watcher(config)
+    watcher = Watcher(config, hold_logs=True)
     pages, gpu = config.collector("engine_metrics", EngineMetricsSettings), config.collector("gpu", GpuSettings)
     return Runtime(
         config, watcher,

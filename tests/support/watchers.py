@@ -35,10 +35,12 @@ def candidate(pid: int, argv: tuple[str, ...] = SGLANG) -> Candidate:
     return Candidate(pid, 1, psutil.Process(pid).create_time(), argv, " ".join(argv))
 
 
-def watcher(tmp_path: Path, found: list[Candidate], clock: Clock | None = None, **config: object) -> Watcher:
+def watcher(tmp_path: Path, found: list[Candidate], clock: Clock | None = None, hold_logs: bool = False,
+            **config: object) -> Watcher:
     """A discovering watcher whose scans find `found` and nothing else, with procfs under `tmp_path`."""
     base = Config(discovery=Discovery(enabled=True, forget_after=60.0), paths=Paths(procfs=str(tmp_path)))
-    return Watcher(dataclasses.replace(base, **config), clock=clock or Clock(), scan=lambda: list(found))
+    return Watcher(dataclasses.replace(base, **config), clock=clock or Clock(), scan=lambda: list(found),
+                   hold_logs=hold_logs)
 
 
 def watcher_with_logs(tmp_path: Path, count: int) -> tuple[Watcher, list[Path]]:

@@ -38,6 +38,7 @@ from stallwatch.discovery.workload import Workload
 from stallwatch.discovery.workload.log_sources import log_sources
 from stallwatch.engines import ENGINES
 from stallwatch.engines.base import Engine
+from stallwatch.logs.follow import HeldLogs
 from stallwatch.logs.interpret import LogInterpreter, PhaseSnapshot
 from stallwatch.logs.source import LogSource
 from stallwatch.logs.tail import LogTail
@@ -76,6 +77,7 @@ class Launch:
     # Each log file's size when the process was found, by `open_path`: what it writes past that is news, however
     # late a follower first opens the file.
     log_sizes: tuple[tuple[str, int], ...] = ()
+    held_logs: HeldLogs = field(default_factory=HeldLogs, compare=False)  # its log files, open since it was found
     member: Member | None = None  # its place in a deployment over several nodes; None on one node
     uid: int | None = None  # the real uid of its main process
     ledger: CpuLedger = field(default_factory=CpuLedger, compare=False)  # per-role CPU of this launch's tree
@@ -113,10 +115,12 @@ NOT_READ = _TreeReading(False, (), {}, None)
 
 class Server:
     def __init__(self, name: str, spec: ServerSpec, config: Config, table: ProcessTable | None = None,
-                 configured: bool = False) -> None:
+                 configured: bool = False, hold_logs: bool = False) -> None:
         """`table`: the node's process table, shared by every server of a watcher (one read for all trees);
-        `configured`: a server of the config file's `servers:`, which someone said should run."""
-        self.name, self.configured = name, configured
+        `configured`: a server of the config file's `servers:`, which someone said should run; `hold_logs`: hold
+        each launch's log files open from the moment it is found until its follower takes them (`HeldLogs`), where
+        a follower will."""
+        self.name, self.configured, self._hold_logs = name, configured, hold_logs
         self.table = table or ProcessTable(config.paths.procfs, TREE_CACHE_SECONDS)
         self.spec = spec
         self.engine: Engine = ENGINES[spec.engine].with_rules(spec.rules)
@@ -161,7 +165,8 @@ class Server:
                 probes=self.launch.probes,
                 log_sources=self.launch.log_sources if self.spec.logs else log_sources(
                     self._config.paths, candidate.pid, workload), member=member, uid=owner(candidate.pid))
-            launch = dataclasses.replace(launch, log_sizes=_sizes(launch.log_sources))
+            launch = dataclasses.replace(launch, log_sizes=_sizes(launch.log_sources),
+                                         held_logs=HeldLogs(launch.log_sources if self._hold_logs else ()))
             if key == self.launch.key:  # the same process exec'd: its CPU so far stays counted
                 launch = dataclasses.replace(launch, ledger=self.launch.ledger)
             launch = dataclasses.replace(launch, listening=self._read_listening(launch))

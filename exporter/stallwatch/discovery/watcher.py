@@ -56,8 +56,11 @@ def _runs(program: re.Pattern[str]) -> Callable[[Candidate], bool]:
 
 class Watcher:
     def __init__(self, config: Config, clock: Callable[[], float] = time.monotonic,
-                 scan: Callable[[], list[Candidate]] = processes.scan) -> None:
+                 scan: Callable[[], list[Candidate]] = processes.scan, hold_logs: bool = False) -> None:
+        """`hold_logs`: a log follower reads the servers' logs, so each found server's log files are held open for
+        it (`Server`)."""
         self.config = config
+        self._hold_logs = hold_logs
         self._clock = clock
         self._scan = scan
         self._gone: dict[str, float] = {}  # discovered servers whose process is gone: since when (clock)
@@ -73,7 +76,8 @@ class Watcher:
         self._skipping = 0  # the same, counted in the pass under way
         for index, spec in enumerate(config.servers):
             name = spec.name or _default_name(spec, index)
-            self._servers[name] = Server(name, spec, config, self._table, configured=True)
+            self._servers[name] = Server(name, spec, config, self._table, configured=True,
+                                        hold_logs=hold_logs)
         self._configured = list(self._servers.values())
         self._configured_names = set(self._servers)
 
@@ -161,7 +165,7 @@ class Watcher:
                     self._skipping += 1
                     return False
                 spec = ServerSpec(engine=engine.name, stall=self.config.defaults.stall)
-                server = self._servers[name] = Server(name, spec, self.config, self._table)
+                server = self._servers[name] = Server(name, spec, self.config, self._table, hold_logs=self._hold_logs)
                 log.info("discovered %s server %s (pid %d, %s)", engine.name, name, root.pid, workload.runtime)
         return server.attach(root, workload)
 

@@ -13,6 +13,7 @@ import itertools
 import logging
 import os
 import stat
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,7 +24,7 @@ from stallwatch.logs.journal import JournalReader
 from stallwatch.logs.source import LogSource
 from stallwatch.procfs import open_regular, read_bounded
 
-__all__ = ["FileStats", "Follower", "JournalLog", "LogFile", "open_log"]
+__all__ = ["FileStats", "Follower", "HeldLogs", "JournalLog", "LogFile", "open_log"]
 
 log = logging.getLogger(__name__)
 
@@ -84,8 +85,9 @@ class Follower:
             log.info("log %s is readable again", self.path)
             self._error = None
 
-    def retarget(self, source: LogSource) -> None:
+    def retarget(self, source: LogSource, held: int | None = None) -> None:
         self.source = source
+        _close(held)
 
     def poll(self, deadline: float | None = None) -> bool:
         """Read what is new, until `deadline` (monotonic) when given: whether some is left to read. The figures are
@@ -150,10 +152,12 @@ class LogFile(Follower):
     def __init__(self, server: str, source: LogSource, interpreter: LogInterpreter,
                  wall: Callable[[], float] = time.time, recover: bool = True, recover_events: bool = False,
                  replayed: Callable[[tuple[int, int]], bool] = lambda ident: False,
-                 news_from: int | None = None) -> None:
+                 news_from: int | None = None, held: int | None = None) -> None:
         """`replayed(ident)`: whether another follower already replayed that (device, inode), which this one then
         reads from its end (the processes of several servers can share one stdout file). `news_from`: the file's
-        size when its server was found; past it the first open reads news, not a replay, however late it comes."""
+        size when its server was found; past it the first open reads news, not a replay, however late it comes.
+        `held`: a descriptor of the file that discovery opened (`HeldLogs`), now this follower's: read when
+        `open_path` is gone before the follower opened it (the process exited first), closed once it has."""
         super().__init__(server, source, interpreter)
         self._wall = wall
         self._decoder = decoder_for(source.format)
@@ -164,17 +168,22 @@ class LogFile(Follower):
         self._news_from = news_from
         self._replay: _Replay | None = None
         self._fd: int | None = None
+        self._held = held
         self.ident: tuple[int, int] | None = None
         self._offset = 0
         self._seen = 0  # the size last seen: a larger one is growth, however far behind the reading is
         self._partial = bytearray()
         self._overlong = False
 
-    def retarget(self, source: LogSource) -> None:
-        """The same log, now reached another way (a restarted process's `/proc/PID/fd` link)."""
+    def retarget(self, source: LogSource, held: int | None = None) -> None:
+        """The same log, now reached another way (a restarted process's `/proc/PID/fd` link), with that process's
+        descriptor of it when discovery `held` one."""
         if source != self.source:
             self.source = source
             self._decoder = decoder_for(source.format)
+        if held is not None:
+            _close(self._held)
+            self._held = held
 
     def _poll(self, deadline: float | None) -> bool:
         if self.source.unavailable:
@@ -183,14 +192,24 @@ class LogFile(Follower):
         try:
             st = os.stat(self.source.open_path)
         except OSError as exc:
+            held, self._held = self._held, None
+            if held is not None and _ident(kept := os.fstat(held)) != self.ident:
+                # The process is gone and its `fd` link with it, but discovery held the file: its last lines.
+                self._switch(kept, deadline, held)
+                return self._read_or_down(deadline)
+            _close(held)
             self.mark_down(exc)
             # Deleted, but the writer may still hold it open.
             return self._fd is not None and self._drain(self._fd, deadline)
         if not stat.S_ISREG(st.st_mode):  # a FIFO would block the follower, a directory cannot be read
             self.mark_down(OSError(errno.EINVAL, "not a regular file"))
             return False
-        if (st.st_dev, st.st_ino) != self.ident:
+        if _ident(st) != self.ident:
             self._switch(st, deadline)
+        return self._read_or_down(deadline)
+
+    def _read_or_down(self, deadline: float | None) -> bool:
+        """Read the open file on from the offset: whether some is left to read."""
         assert self._fd is not None
         size = os.fstat(self._fd).st_size
         if size < self._offset:  # copytruncate: start over at the top
@@ -216,19 +235,22 @@ class LogFile(Follower):
             self._last_growth = self._wall()
         self._seen = size
 
-    def _switch(self, st: os.stat_result, deadline: float | None = None) -> None:
-        """Open the file now at `path`; the previous one (rotated away) is read to its end first, or as far as
-        the deadline allows (the rest is dropped with it)."""
+    def _switch(self, st: os.stat_result, deadline: float | None = None, fd: int | None = None) -> None:
+        """Follow the file now at `path` (opened here, or `fd`, already open); the previous one (rotated away) is
+        read to its end first, or as far as the deadline allows (the rest is dropped with it)."""
         if self._fd is not None:
             self._drain(self._fd, deadline)
             self._flush_partial()
             os.close(self._fd)
             self._fd = None
-        fd = open_log(self.source)
+        if fd is None:
+            fd = open_log(self.source)
+            _close(self._held)  # not kept past the follower's own open: it would pin a rotated, deleted file
+            self._held = None
         # Size and up before the replay: a scrape never sees what the file says without the file's own figures.
         size = self._size = os.fstat(fd).st_size
         self.mark_up()
-        ident = (st.st_dev, st.st_ino)
+        ident = _ident(st)
         replayed = self._recover and self._replayed(ident)  # asked before this follower holds it too
         self._fd, self.ident, self._offset, self._seen, self._replay = fd, ident, 0, 0, None
         self._partial.clear()
@@ -334,6 +356,43 @@ class LogFile(Follower):
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+        _close(self._held)
+        self._held = None
+
+
+class HeldLogs:
+    """Descriptors of a process's log files (its `fd` links: stdout, stderr) opened when it was found, each kept
+    until its follower takes it. The follower opens its file on its own first poll, up to a poll interval later;
+    a process that exits before then takes its `fd` link with it, and with this its last lines stay readable.
+    Those never taken are closed with the object (the launch it belongs to)."""
+
+    def __init__(self, sources: tuple[LogSource, ...] = ()) -> None:
+        self._lock = threading.Lock()
+        self._fds: dict[str, int] = {}
+        for source in sources:
+            if source.via == "fd" and source.open_path and source.open_path not in self._fds:
+                try:
+                    self._fds[source.open_path] = open_log(source)
+                except (OSError, ValueError) as exc:  # gone, not a file now: the follower reports it
+                    log.debug("log %s not held: %s", source.open_path, exc)
+
+    def take(self, open_path: str) -> int | None:
+        """The descriptor of `open_path`, handed over once: the caller closes it."""
+        with self._lock:
+            return self._fds.pop(open_path, None)
+
+    def __del__(self) -> None:
+        for fd in self._fds.values():
+            _close(fd)
+
+
+def _ident(st: os.stat_result) -> tuple[int, int]:
+    return st.st_dev, st.st_ino
+
+
+def _close(fd: int | None) -> None:
+    if fd is not None:
+        os.close(fd)
 
 
 # include/uapi/asm-generic/fcntl.h: how a process holds a file, as `/proc/PID/fdinfo/N` prints `flags` (octal).

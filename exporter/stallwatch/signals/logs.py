@@ -94,8 +94,9 @@ class LogManager:
             for key in set(self._files) - set(wanted):
                 self._files.pop(key).close()
             for key, (server, source) in wanted.items():
+                held = server.launch.held_logs.take(source.open_path)
                 if key in self._files:
-                    self._files[key].retarget(source)
+                    self._files[key].retarget(source, held)
                     continue
                 process = server.launch.key
                 launch = process.create_time if process is not None else self._wall()
@@ -107,9 +108,11 @@ class LogManager:
                 # rests on a boot time in whole seconds: allow for that.
                 launched_since = self._replay_events or (process is not None and launch >= self._started - 2.0)
                 self._files[key] = LogFile(server.name, source, server.interpreter, self._wall,
-                                           recover=os.path.exists(source.open_path), recover_events=launched_since,
+                                           recover=held is not None or os.path.exists(source.open_path),
+                                           recover_events=launched_since,
                                            replayed=self._followed,
-                                           news_from=dict(server.launch.log_sizes).get(source.open_path))
+                                           news_from=dict(server.launch.log_sizes).get(source.open_path),
+                                           held=held)
             files = list(self._files.values())
         behind = False
         for f in files:

@@ -281,10 +281,14 @@ def _dies(spec: dict, http: ThreadingHTTPServer, engine: str) -> None:
 
 
 def _stop(said: str | None) -> None:
+    """SIGTERM's handler. It writes to the descriptor, not through `sys.stdout`: the handler runs between two
+    bytecodes of the main thread, which may be inside that buffer's own write (a stats line), and a reentrant
+    write raises there instead of logging the stop."""
     if said:
         with open(said, "rb") as lines:
-            sys.stdout.buffer.write(lines.read())
-        sys.stdout.buffer.flush()
+            data = lines.read()
+        while data:
+            data = data[os.write(sys.stdout.fileno(), data):]
     os._exit(0)
 
 

@@ -14,12 +14,14 @@ import pytest
 
 from stallwatch.collectors import StallwatchCollector
 from stallwatch.collectors.logs import LogsCollector
+from stallwatch.config import Paths
+from stallwatch.discovery.watcher import Watcher
 from stallwatch.discovery.workload import Workload
 from stallwatch.logs.source import LogSource
 from stallwatch.signals.logs import LogManager
 from support import transcripts
 from support.harness import poll
-from support.watchers import append, candidate, log_watcher, manager, phase, stats, watcher_with_logs
+from support.watchers import append, candidate, log_watcher, manager, phase, stats, watcher, watcher_with_logs
 
 
 def _success(root: StallwatchCollector, name: str) -> float:
@@ -183,3 +185,57 @@ def test_a_log_as_it_was_when_its_server_was_found_is_old_news(tmp_path: Path) -
     m.poll()
     snap = server.interpreter.snapshot()
     assert (snap.phase, snap.events["fatal"], stats(m).read_bytes) == ("failed", 0, 0)
+
+
+def test_a_server_that_exits_before_its_log_is_first_followed_has_its_last_lines_read(tmp_path: Path) -> None:
+    """Discovery finds a server's log as its `/proc/PID/fd/1` link; the follower opens it in its next pass, up to a
+    poll interval later. A server that logged its stop and exited in between took the link with it: its last lines
+    were never read, so a clean stop read as a crash (no stop request: InferenceServerDown paged). Discovery holds
+    the file from the moment it found the server, and the follower reads it to its end. Here in a /proc of the
+    test's own making: the link, its `fdinfo` (open for writing), and the link gone as the process exits."""
+    w, log, link = _found_by_its_stdout(tmp_path)
+    [server] = w.servers()
+    assert [s.path for s in server.launch.log_sources] == [str(log)]
+    stop = transcripts.real("sglang-sigterm-group-stop.log").encode()
+    append(log, stop)
+    link.unlink()  # the process is gone, and its descriptors with it
+    m = LogManager(w, poll_interval=1.0)
+    m.poll()
+    assert server.interpreter.snapshot().stop_requested
+    assert stats(m).read_bytes == len(stop)
+    m.close()
+    assert _open(log) == 0
+
+
+def test_a_followed_log_is_not_held_open_twice(tmp_path: Path) -> None:
+    """Once its follower has opened the file itself, discovery's descriptor of it is closed: held on, it would keep
+    a rotated, deleted log's blocks from being freed."""
+    w, log, _ = _found_by_its_stdout(tmp_path)
+    assert _open(log) == 1  # discovery's
+    m = LogManager(w, poll_interval=1.0)
+    m.poll()
+    assert _open(log) == 1 and stats(m).up  # the follower's own
+    m.close()
+    assert _open(log) == 0
+
+
+def _found_by_its_stdout(tmp_path: Path) -> tuple[Watcher, Path, Path]:
+    """A watcher (whose log follower holds logs) that found this test's process writing a healthy SGLang launch to
+    a file, its stdout as a `/proc/PID/fd/1` link and its `fdinfo` (open for writing) in a /proc of the test's own
+    making: the watcher, the log, and the link."""
+    proc = tmp_path / "proc" / str(os.getpid())
+    (proc / "fd").mkdir(parents=True)
+    (proc / "fdinfo").mkdir()
+    log = tmp_path / "server.log"
+    log.write_bytes(transcripts.sglang_healthy(1).encode())
+    (proc / "fd" / "1").symlink_to(log)
+    (proc / "fdinfo" / "1").write_text("pos:\t0\nflags:\t02102001\nmnt_id:\t25\n")
+    w = watcher(tmp_path, [candidate(os.getpid())], hold_logs=True, paths=Paths(procfs=str(tmp_path / "proc")))
+    w.refresh()
+    return w, log, proc / "fd" / "1"
+
+
+def _open(path: Path) -> int:
+    """How many of this process's descriptors hold `path`."""
+    fds = Path("/proc/self/fd")
+    return sum(1 for fd in fds.iterdir() if os.path.realpath(fd) == str(path))
