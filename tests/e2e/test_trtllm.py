@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 from support import transcripts as t
-from support.harness import gpus, poll
+from support.harness import Engine, Exporter, gpus, poll
 from support.stack import PIPELINE, Daemon, Webhook, alertmanager, prometheus, rule_seconds
 
 CONFIG = ("discovery: {enabled: true, interval: 1s}\n"
@@ -17,6 +17,12 @@ CONFIG = ("discovery: {enabled: true, interval: 1s}\n"
           "engine_metrics: {interval: 1s, timeout: 1s}\n")
 
 IDLE = {"running": 0, "waiting": 0, "throughput": 0.0, "tokens_start": 5000, "interval": 0.5}
+
+
+def _seen(e: Exporter, sim: Engine) -> str:
+    """What the exporter reads of `sim` and the end of its log: what a failure message needs to say why."""
+    seen = [line for line in e.scrape().text.splitlines() if f'"{sim.name}"' in line and not line.startswith("#")]
+    return f"the log: {sim.log.read_text()[-600:]!r}\nthe exporter: {seen}"
 
 
 def test_the_executors_death_pages_an_idle_server_and_a_clean_stop_do_not(
@@ -40,6 +46,13 @@ def test_the_executors_death_pages_an_idle_server_and_a_clean_stop_do_not(
              timeout=30, what=f"{sim.name} serving")
     stopped.terminate()
     stopped_at = time.time()
+    stopped.proc.wait(30)
+    try:  # its stop read (the reason it must not page), told apart from a page for another cause
+        e.wait_for(lambda s: s.value("stallwatch_startup_phase", server=stopped.name, phase="stopped") == 1
+                   and s.value("stallwatch_server_stop_requested", server=stopped.name) == 1,
+                   timeout=30, what=f"{stopped.name} stopped on request")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{_seen(e, stopped)}") from exc
 
     for health, sim in died.items():
         page = poll(lambda sim=sim: hook.find("InferenceServerFailed", sim.name, "firing"), timeout=60,
@@ -51,6 +64,6 @@ def test_the_executors_death_pages_an_idle_server_and_a_clean_stop_do_not(
     # Long past InferenceServerDown's `for` after the stop, and several windows of the idle server's silence.
     time.sleep(max(0.0, stopped_at + rule_seconds("5m") + PIPELINE - time.time()))
     for sim in (idle, stopped):
-        assert query(f'ALERTS{{server="{sim.name}"}}') == [], sim.name
-        assert not [a for a in hook.alerts if a["labels"].get("server") == sim.name], sim.name
+        raised = [a["labels"] for a in hook.alerts if a["labels"].get("server") == sim.name]
+        assert query(f'ALERTS{{server="{sim.name}"}}') == [] and not raised, f"{raised}\n{_seen(e, sim)}"
     assert query(f'stallwatch_startup_phase{{server="{stopped.name}",phase="stopped"}} == 1')
