@@ -493,3 +493,63 @@ def trtllm_stop() -> str:
             "INFO:     Waiting for application shutdown.\n"
             "INFO:     Application shutdown complete.\n"
             "INFO:     Finished server process [4242]\n")
+
+
+# LMDeploy (InternLM/lmdeploy at 1263d5cd, `exporter/stallwatch/engines/lmdeploy.py`).
+def _lmd(clock: str, source: str, message: str, level: str = "INFO") -> str:
+    """Its logger's line (`lmdeploy/utils.py` `_FORMAT`)."""
+    return f"2026-11-20 {clock},412 - lmdeploy - {level} - {source} - {message}\n"
+
+
+def lmdeploy_until_weights(files: int = 4, upto: int | None = None, info: bool = True) -> str:
+    """`lmdeploy serve api_server --backend pytorch` from its launch into the weights bar (rank 0's tqdm, a step per
+    safetensors file), up to `upto` of `files` (all by default). `info`: at `--log-level INFO`; at the default
+    WARNING its logger's INFO lines are not printed, the bar is."""
+    lines = (_lmd("09:14:02", "async_engine.py:130", "input backend=pytorch, backend_config=PytorchEngineConfig("
+                  "dtype='auto', tp=1, dp=1, ep=1, session_len=None, max_batch_size=256, cache_max_entry_count=0.8)")
+             + _lmd("09:14:02", "async_engine.py:131", "speculative_config=None")
+             + _lmd("09:14:04", "__init__.py:101", "Build <uni> executor.")
+             + _lmd("09:14:09", "base.py:450", "Building Model.")) if info else ""
+    return lines + _trt_bar("Loading weights from safetensors", files, files if upto is None else upto, steps=files)
+
+
+def lmdeploy_after_weights(port: int = 23333, info: bool = True) -> str:
+    """After the weights (`pytorch/engine/executor/base.py:452-466`), the three `HINT:` lines (`api_server.py:
+    432-436`, ANSI codes around the address) and uvicorn's start (`uvicorn.run(host, port)`: it binds the port
+    itself, so it says where)."""
+    lines = (_lmd("09:15:31", "base.py:452", "Updating configs.")
+             + _lmd("09:15:33", "base.py:454", "Building GraphRunner and warmup ops, please waiting.")
+             + _lmd("09:15:33", "base.py:456", "Building CacheEngine with config: \nCacheConfig(max_batches=256, "
+                    "block_size=64, num_cpu_blocks=0, num_gpu_blocks=4390).")
+             + _lmd("09:15:36", "base.py:466", "Warming up model.")) if info else ""
+    hint = (f"HINT:    Please open \x1b[93m\x1b[1mhttp://0.0.0.0:{port}\x1b[0m in a browser for detailed api "
+            "usage!!!\n")
+    return (lines + hint * 3 + "INFO:     Started server process [52141]\n"
+            "INFO:     Waiting for application startup.\n"
+            "INFO:     Application startup complete.\n"
+            f"INFO:     Uvicorn running on http://0.0.0.0:{port} (Press CTRL+C to quit)\n")
+
+
+def lmdeploy_healthy(info: bool = True) -> str:
+    return lmdeploy_until_weights(info=info) + lmdeploy_after_weights(info=info)
+
+
+def lmdeploy_engine_died() -> str:
+    """The PyTorch engine's main loop dies behind the live API server (`pytorch/engine/engine.py:625`, a
+    `logger.exception`)."""
+    return (_lmd("10:02:41", "engine.py:625", "Engine main loop failed.", level="ERROR")
+            + "Traceback (most recent call last):\n"
+            + '  File "/opt/py3/lib/python3.12/site-packages/lmdeploy/pytorch/engine/engine.py", line 617, in '
+              "async_loop\n"
+            + "    await engine_loop.wait_tasks()\n"
+            + "RuntimeError: CUDA error: an illegal memory access was encountered\n")
+
+
+def lmdeploy_stop() -> str:
+    """uvicorn's shutdown on SIGTERM (`uvicorn/server.py`), then the engine's process told to stop
+    (`mp_engine/zmq_engine.py:151`)."""
+    return ("INFO:     Shutting down\n"
+            "INFO:     Waiting for application shutdown.\n"
+            "INFO:     Application shutdown complete.\n"
+            + _lmd("10:30:00", "zmq_engine.py:151", "MP process received signal SIGTERM, stopping server.")
+            + "INFO:     Finished server process [52141]\n")

@@ -128,6 +128,8 @@ class MetricsSpec:
     tokens: str
     # Flags of which one must be on the command line for `/metrics` to be served; () when always served.
     needs_flag: tuple[str, ...] = ()
+    # Flags any of which turns the page off where it is on by default (LMDeploy's `--disable-metrics`).
+    off_flags: tuple[str, ...] = ()
     path: str = "/metrics"
     # HTTP statuses that say the page is not turned on, where what turns it on is not on the command line (a file of
     # options): no page, as without the flag, not a page that fails.
@@ -138,7 +140,8 @@ class MetricsSpec:
     through_loop: bool = False
 
     def served(self, argv: Sequence[str]) -> bool:
-        return not self.needs_flag or any(arg in self.needs_flag for arg in argv)
+        return (not self.needs_flag or any(arg in self.needs_flag for arg in argv)) and not any(
+            arg in self.off_flags for arg in argv)
 
 
 @dataclass(frozen=True)
@@ -221,6 +224,13 @@ class Engine:
     # An environment variable that gives the listen address where no flag does (Ollama's `OLLAMA_HOST`,
     # `[scheme://]host[:port][/path]`); None: the command line and the defaults only.
     address_env: str | None = None
+    # An environment variable that gives the port alone where no flag does (Dynamo's `DYN_SYSTEM_PORT`); without
+    # it and without a default port the server has no port (nothing probed, nothing fetched).
+    port_env: str | None = None
+    # The key of the JSON object a failing health answer carries whose value says why, in the engine's own words
+    # (LMDeploy's `{"status": "unhealthy", "message": "Backend scheduler_tick has not advanced for 95.3s."}`): read
+    # into the probe's failure reason. None: the body is not read.
+    health_message: str | None = None
     model_flags: tuple[str, ...] = ()
     # The sub-commands or programs (by the last part of their path) after which the model is the first positional
     # argument, the first of them found in this order: `vllm serve <model>`, `trtllm-serve [serve] <model>`.
@@ -251,6 +261,8 @@ class Engine:
         """Host and port that the server listens on, from its argv, its environment (`address_env`, in `environ`)
         or the engine defaults."""
         env_host, env_port = self._env_address(environ or {})
+        if self.port_env:
+            env_port = (environ or {}).get(self.port_env, "").strip() or env_port
         host = flag_value(argv, self.host_flags) or env_host or self.default_host
         port_text = flag_value(argv, self.port_flags) or env_port
         port = int(port_text) if port_text and port_text.isascii() and port_text.isdigit() else self.default_port

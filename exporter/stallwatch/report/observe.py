@@ -149,10 +149,12 @@ def _wchan(procfs: str, pid: int) -> str:
 
 
 def probe_info(url: str, result: Result | None, why: str) -> ProbeInfo:
-    """One probe's result (None: not made, and `why`)."""
+    """One probe's result (None: not made, and `why`); a failure's reason with the engine's own words after it
+    (`http_status: Backend scheduler_tick has not advanced for 95.3s.`)."""
     if result is None:
         return ProbeInfo(url, None, 0, why, 0.0)
-    return ProbeInfo(url, result.success, result.status, result.reason or "", result.duration)
+    reason = ": ".join(part for part in (result.reason or "", result.detail) if part)
+    return ProbeInfo(url, result.success, result.status, reason, result.duration)
 
 
 def port_info(launch: Launch, probes: list[ProbeInfo]) -> PortInfo:

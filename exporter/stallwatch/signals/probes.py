@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import http.client
+import json
 import logging
 import socket
 import ssl
@@ -28,11 +29,13 @@ from stallwatch.config.values import boolean
 from stallwatch.discovery import netns
 from stallwatch.discovery.server import ProbeTarget, Server
 from stallwatch.loops import PerServerLoops
+from stallwatch.text import display, terminal_safe
 
 log = logging.getLogger(__name__)
 
 REASONS = ("refused", "timeout", "http_status", "error", "unreachable")
 MAX_BODY_BYTES = 64 * 1024
+MAX_DETAIL = 200  # characters of an engine's own reason kept: a sentence, not a page
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,8 @@ class Result:
     duration: float
     status: int  # 0 when no HTTP response came
     reason: str | None  # one of REASONS when not successful
+    # Why, in the engine's own words, where a failing answer says so (`Engine.health_message`); "" otherwise.
+    detail: str = ""
 
 
 def _connection(url: str, timeout: float) -> tuple[http.client.HTTPConnection, str]:
@@ -72,9 +77,23 @@ def _abort(connection: http.client.HTTPConnection, expired: threading.Event) -> 
             sock.shutdown(socket.SHUT_RDWR)
 
 
-def probe(url: str, timeout: float) -> Result:
-    """One GET of `url` within one deadline of `timeout` seconds, at most MAX_BODY_BYTES of its body read."""
-    return fetch(url, timeout, MAX_BODY_BYTES)[0]
+def probe(url: str, timeout: float, message_key: str | None = None) -> Result:
+    """One GET of `url` within one deadline of `timeout` seconds, at most MAX_BODY_BYTES of its body read; with
+    `message_key`, a failing answer's JSON body's value there is its `detail`."""
+    result, body = fetch(url, timeout, MAX_BODY_BYTES)
+    if message_key is None or result.success or not body:
+        return result
+    return replace(result, detail=said(body, message_key))
+
+
+def said(body: bytes, key: str) -> str:
+    """The text at `key` of a JSON object `body`, printable and at most MAX_DETAIL characters; "" when there is
+    none."""
+    try:
+        value = json.loads(body).get(key)
+    except (ValueError, AttributeError):
+        return ""
+    return terminal_safe(display(value))[:MAX_DETAIL] if isinstance(value, str) else ""
 
 
 def fetch(url: str, timeout: float, max_body: int) -> tuple[Result, bytes | None]:
@@ -188,9 +207,10 @@ def _probe_target(target: ProbeTarget, server: Server, procfs: str, enter_netns:
     if target.derived and not server.own_listeners():
         # Nothing of the server listens on its port: what a connect would say, without sending one.
         return Result(False, 0.0, 0, "refused"), ""
+    key = server.engine.health_message
     if pid is None:
-        return probe(spec.url, timeout), ""
+        return probe(spec.url, timeout, key), ""
     try:
-        return netns.run_in_netns(procfs, pid, lambda: probe(spec.url, timeout), timeout + 1), ""
+        return netns.run_in_netns(procfs, pid, lambda: probe(spec.url, timeout, key), timeout + 1), ""
     except OSError as exc:
         return None, f"cannot enter its network namespace: {exc.strerror or exc}"
