@@ -169,7 +169,11 @@ ENGINE_COMMANDS = {
     "llamacpp": [str(SIM_BIN / "llama-server"), "-m", "/models/qwen2.5-7b-instruct-q4_k_m.gguf"],
     "tgi": [str(SIM_BIN / "text-generation-launcher"), "--model-id", "bigscience/bloom-560m"],
     "trtllm": [str(SIM_BIN / "trtllm-serve"), "serve", "meta-llama/Llama-3.1-8B-Instruct"],
+    "lmdeploy": [str(SIM_BIN / "lmdeploy"), "serve", "api_server", "internlm/internlm3-8b-instruct", "--backend",
+                 "pytorch"],
 }
+
+PORT_FLAGS = {"lmdeploy": "--server-port"}  # where the engine's port flag is not `--port`
 
 
 def kill_group(proc: subprocess.Popen) -> None:
@@ -219,7 +223,8 @@ class Engine:
         # `prefix` runs it elsewhere, e.g. `ip netns exec NAME` (which execs: the pid stays the engine's).
         # `args` come first: the exporter reads a flag's first value (`--port ²`), the simulator's argparse the
         # last (the real port it binds).
-        cmd = [*(prefix or []), *ENGINE_COMMANDS[engine], *args, "--port", str(self.port), "--tp", str(tp)]
+        cmd = [*(prefix or []), *ENGINE_COMMANDS[engine], *args, PORT_FLAGS.get(engine, "--port"), str(self.port),
+               "--tp", str(tp)]
         if shell is not None:
             cmd = ["sh", "-c", f"{shell}; exec {shlex.join(cmd)}"]
         if supervise is not None:

@@ -56,7 +56,10 @@ CHILD_TITLES = {
     "tgi": lambda tp: [f"text-generation-server serve bigscience/bloom-560m --uds-path /tmp/text-generation-server-{i}"
                        for i in range(tp)] + ["text-generation-router --port 3000"],
     "trtllm": lambda tp: [],  # its MPI workers set no title
+    # The PyTorch engine's process, renamed by `prctl(PR_SET_NAME)` alone (`mp_engine/zmq_engine.py:107-112`).
+    "lmdeploy": lambda tp: ["comm:ZMQMPEngine"],
 }
+COMM_ONLY = "comm:"  # a title set as the process's `comm` only, its command line left as it was
 
 
 def wait_for_draft_hidden_states(parent: int | None = None) -> None:
@@ -73,9 +76,14 @@ def _exit_with_parent(parent: int) -> None:
 
 
 def child(title: str, parent: int, burn_seconds: float) -> None:
-    import setproctitle
+    if title.startswith(COMM_ONLY):
+        import ctypes
 
-    setproctitle.setproctitle(title)
+        ctypes.CDLL(None).prctl(15, title[len(COMM_ONLY):].encode(), 0, 0, 0)  # PR_SET_NAME, as LMDeploy does
+    else:
+        import setproctitle
+
+        setproctitle.setproctitle(title)
     if burn_seconds:
         end = time.process_time() + burn_seconds
         while time.process_time() < end:
@@ -192,12 +200,26 @@ def _trtllm_iteration_stats(work: Work) -> bytes:
                         "trtllm_generation_tokens_total": 99999999}]).encode()
 
 
+def _lmdeploy_page(work: Work) -> str:
+    """`lmdeploy/metrics/loggers.py` PrometheusStatLogger: labels `model_name` and `engine` (the DP rank)."""
+    labels = [f'{{engine="{i}",model_name="internlm/internlm3-8b-instruct"}}' for i in range(work.ranks)]
+    return (_series("lmdeploy:num_requests_running", "gauge", "Number of requests in model execution batches.",
+                    list(zip(labels, work.split("running"), strict=True)))
+            + _series("lmdeploy:num_requests_waiting", "gauge", "Number of requests waiting to be processed.",
+                      list(zip(labels, work.split("waiting"), strict=True)))
+            + _series("lmdeploy:generation_tokens_total", "counter", "Number of generation tokens processed.",
+                      list(zip(labels, work.tokens(), strict=True))))
+
+
 PAGES = {"vllm": _vllm_page, "sglang": _sglang_page, "tgi": _tgi_page, "llamacpp": _llamacpp_page,
-         "trtllm": _trtllm_page}
+         "trtllm": _trtllm_page, "lmdeploy": _lmdeploy_page}
 PAGE_PATHS = {"trtllm": "/prometheus/metrics"}  # the text format's page where it is not `/metrics`
 JSON_PAGES = {"trtllm": {"/metrics": _trtllm_iteration_stats}}
 # `/health` once the engine died behind its HTTP server (`openai_server.py` `health`).
-UNAVAILABLE = {"trtllm": b"LLM is unavailable. Please check the server logs for more details."}
+UNAVAILABLE = {"trtllm": b"LLM is unavailable. Please check the server logs for more details.",
+               # `serve/core/async_engine.py` `_validate_scheduler_progress` through `/health` (`management.py`).
+               "lmdeploy": b'{"status":"unhealthy","message":"Backend scheduler_tick has not advanced for 95.3s."}'}
+HEALTHY = {"lmdeploy": b'{"status":"healthy","message":"Engine is healthy."}'}  # `/health`'s 200 where not the default
 
 
 def _vllm_stats(clock: str, rank: int, running: int, waiting: int, throughput: float, ranks: int) -> str:
@@ -212,7 +234,14 @@ def _sglang_stats(clock: str, rank: int, running: int, waiting: int, throughput:
             f"0.03, cuda graph: True, gen throughput (token/s): {throughput:.2f}, #queue-req: {waiting}\n")
 
 
-STATS_LINES = {"vllm": _vllm_stats, "sglang": _sglang_stats}
+def _lmdeploy_stats(clock: str, rank: int, running: int, waiting: int, throughput: float, ranks: int) -> str:
+    """`lmdeploy/metrics/loggers.py:97-127`, printed (no logger prefix)."""
+    return (f"[2026-11-20 {clock} DP{rank}] Avg thr (in/out): 35.2 / {throughput:.1f} tokens/s, Server "
+            f"(succeeded/failed/routed/waiting): 120 / 0 / {running} / {waiting}, Engine (running/waiting): "
+            f"{running} / {waiting}, KV cache: 12.5%, \n")
+
+
+STATS_LINES = {"vllm": _vllm_stats, "sglang": _sglang_stats, "lmdeploy": _lmdeploy_stats}
 
 
 DUMMY_ROUTES = ("/health", "/health_generate", "/ping")
@@ -220,6 +249,7 @@ DUMMY_ROUTES = ("/health", "/health_generate", "/ping")
 
 class _Health(BaseHTTPRequestHandler):
     status = 200
+    engine = ""
     work: Work | None = None
     dummy = False
     unavailable = b'{"error":{"message":"Loading model","code":503}}'  # the body of a status that is not 200
@@ -237,7 +267,8 @@ class _Health(BaseHTTPRequestHandler):
         if self.work is not None and path == PAGE_PATHS.get(self.work.engine, "/metrics"):
             self._metrics(self.work)
             return
-        self._send(b'{"status":"ok"}' if self.status == 200 else self.unavailable, "application/json")
+        healthy = HEALTHY.get(self.engine, b'{"status":"ok"}')
+        self._send(healthy if self.status == 200 else self.unavailable, "application/json")
 
     def _metrics(self, work: Work) -> None:
         mode = work.spec.get("metrics", "serve")
@@ -261,8 +292,9 @@ class _Health(BaseHTTPRequestHandler):
         pass
 
 
-def _http(host: str, port: int, status: int, work: Work | None = None, dummy: bool = False) -> ThreadingHTTPServer:
-    handler = type("Handler", (_Health,), {"status": status, "work": work, "dummy": dummy})
+def _http(host: str, port: int, status: int, work: Work | None = None, dummy: bool = False,
+          engine: str = "") -> ThreadingHTTPServer:
+    handler = type("Handler", (_Health,), {"status": status, "work": work, "dummy": dummy, "engine": engine})
     server = ThreadingHTTPServer((host, port), handler)
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -295,7 +327,8 @@ def _stop(said: str | None) -> None:
 def main(engine: str) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--host", "--hostname", default="127.0.0.1")
-    parser.add_argument("--port", required=True)  # the last one given wins; only it must be a number
+    # The last one given wins; only it must be a number (LMDeploy's is `--server-port`).
+    parser.add_argument("--port", "--server-port", dest="port", required=True)
     parser.add_argument("--tp", "--tp-size", "--tensor-parallel-size", "--num-shard", "--tp_size", dest="tp", type=int,
                         default=1)
     args, _ = parser.parse_known_args()
@@ -332,7 +365,7 @@ def main(engine: str) -> None:
         work = Work(engine, scenario["work"]) if "work" in scenario else None
         http = scenario.get("http", "api")
         if http != "none":
-            server = _http(args.host, args.port, 200, work, dummy=http == "dummy")
+            server = _http(args.host, args.port, 200, work, dummy=http == "dummy", engine=engine)
             if "dies" in scenario:
                 threading.Thread(target=_dies, args=(scenario["dies"], server, engine), daemon=True).start()
         while work is not None:
