@@ -44,8 +44,9 @@ class Member:
 
 
 def environ_keys(engine: Engine) -> tuple[str, ...]:
-    """What of a server's environment is read: the LWS keys, and the engine's listen address (`address_env`)."""
-    return (*LWS_KEYS, engine.address_env) if engine.address_env else LWS_KEYS
+    """What of a server's environment is read: the LWS keys, and the engine's listen address (`address_env`,
+    `port_env`)."""
+    return (*LWS_KEYS, *(key for key in (engine.address_env, engine.port_env) if key))
 
 
 def read_environ(procfs: str, pid: int, keys: Sequence[str] = LWS_KEYS) -> dict[str, str]:

@@ -190,8 +190,12 @@ class Watcher:
     def _name(self, engine: Engine, root: Candidate, workload: Workload, uid: int | None) -> str:
         """A name unique on the node and stable across restarts of the same workload: a server by that name
         whose process is gone is the same workload restarted; one whose process lives is another server."""
-        environ = read_environ(self.config.paths.procfs, root.pid, (engine.address_env,)) if engine.address_env else {}
-        name = printable(workload.name or f"{engine.name}-{engine.listen_address(root.argv, environ)[1]}")
+        keys = tuple(key for key in (engine.address_env, engine.port_env) if key)
+        environ = read_environ(self.config.paths.procfs, root.pid, keys) if keys else {}
+        port = engine.listen_address(root.argv, environ)[1]
+        # A server without a port (a Dynamo worker without DYN_SYSTEM_PORT, an Xinference model process) by its model.
+        tail = port if port is not None else engine.model(root.argv).rstrip("/").rsplit("/", 1)[-1] or "none"
+        name = printable(workload.name or f"{engine.name}-{tail}")
         if self._taken(name, workload, uid) and workload.pod:
             name = f"{name}/{workload.container}"  # a second server in one pod
         base, suffix = name, 1

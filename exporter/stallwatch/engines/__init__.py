@@ -3,8 +3,21 @@ outside this package branches on engine names."""
 
 from __future__ import annotations
 
-from stallwatch.engines import generic, llamacpp, lmdeploy, ollama, sglang, tgi, trtllm, vllm
+from stallwatch.engines import (
+    aphrodite,
+    dynamo,
+    generic,
+    llamacpp,
+    lmdeploy,
+    ollama,
+    sglang,
+    tgi,
+    trtllm,
+    vllm,
+    xinference,
+)
 from stallwatch.engines.base import Engine
 
 ENGINES: dict[str, Engine] = {e.name: e for e in (sglang.ENGINE, vllm.ENGINE, tgi.ENGINE, llamacpp.ENGINE,
-                                                  ollama.ENGINE, trtllm.ENGINE, lmdeploy.ENGINE, generic.ENGINE)}
+                                                  ollama.ENGINE, trtllm.ENGINE, lmdeploy.ENGINE, aphrodite.ENGINE,
+                                                  *dynamo.ENGINES, xinference.ENGINE, generic.ENGINE)}

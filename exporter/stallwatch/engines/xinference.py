@@ -1,0 +1,34 @@
+"""Xinference's model processes, strings as in xorbitsai/inference at 7ecec16b (2026-08-23): each launched model runs
+in an actor process of its worker (`xinference-local`, `xinference-worker`) that titles itself `Model:
+{replica_model_uid}` as it starts loading (`xinference/core/model.py:478`; the uid `{model_uid}-{rep_id}`,
+`{model_uid}-{replica}-{rep_id}` before) and hosts its engine in-process: vLLM, SGLang, llama.cpp or transformers,
+chosen per model at launch and named nowhere on the process, so the label value is `xinference` whichever is inside.
+Its vLLM or SGLang children keep their engine's titles (`VLLM::EngineCore`, `sglang::scheduler_TP0`).
+
+The process has no HTTP port (the API is the supervisor's, on 9997): nothing is probed or fetched, the server is
+named after its model uid (`xinference-qwen2.5-instruct-0`), and its log is its worker's (the worker's stdout and
+stderr, shared by every model it hosts). The engine's own lines move the phase by their message (the model is
+loaded through `_load_with_redirect`); `ModelActor({uid}) loaded` (`core/model.py:500`) is serving.
+
+Not covered: which engine is inside, the supervisor's and workers' own health (`/status`) and metrics
+(`xinference:*`, no running/waiting pair), one model's lines told apart from another's in a shared log."""
+
+import re
+
+from stallwatch.engines import sglang, vllm
+from stallwatch.engines.base import Engine, rule
+
+ENGINE = Engine(
+    name="xinference",
+    # The title replaces the whole command line (setproctitle): `Model: qwen2.5-instruct-0`.
+    program=re.compile(r"Model: \S+$"),
+    default_port=None,
+    model_commands=("Model:",),
+    role_title=re.compile(r"^(?:VLLM|sglang)::(?P<role>[A-Za-z0-9_]+)"),
+    rules=(
+        rule(r"ModelActor\([^)\n]+\) loaded", phase="serving"),
+        # `core/model.py:562-565`: the model actor out of memory, then `os._exit(1)`.
+        rule(r"Model actor is out of memory, model id: ", phase="failed", event="oom"),
+        *(r for r in vllm.ENGINE.rules + sglang.ENGINE.rules if not r.launch),
+    ),
+)
