@@ -171,6 +171,11 @@ ENGINE_COMMANDS = {
     "trtllm": [str(SIM_BIN / "trtllm-serve"), "serve", "meta-llama/Llama-3.1-8B-Instruct"],
     "lmdeploy": [str(SIM_BIN / "lmdeploy"), "serve", "api_server", "internlm/internlm3-8b-instruct", "--backend",
                  "pytorch"],
+    # Run by this interpreter, as a console script's shebang runs it: its titled children need setproctitle.
+    "aphrodite-vllm": [sys.executable, str(SIM_BIN / "aphrodite"), "run", "PygmalionAI/Eleusis-12B"],
+    # Its port is DYN_SYSTEM_PORT's (the `env` of `Engine`), not a flag: the `--port` the harness adds is the
+    # simulator's alone.
+    "dynamo-vllm": [sys.executable, "-m", "dynamo.vllm", "--model", "Qwen/Qwen3-0.6B"],
 }
 
 PORT_FLAGS = {"lmdeploy": "--server-port"}  # where the engine's port flag is not `--port`

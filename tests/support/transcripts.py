@@ -553,3 +553,83 @@ def lmdeploy_stop() -> str:
             "INFO:     Application shutdown complete.\n"
             + _lmd("10:30:00", "zmq_engine.py:151", "MP process received signal SIGTERM, stopping server.")
             + "INFO:     Finished server process [52141]\n")
+
+
+# Engines that are vLLM inside (`exporter/stallwatch/engines/aphrodite.py`, `dynamo.py`): vLLM's own messages in the
+# wrapper's log format.
+def _dyn(clock: str, target: str, message: str, level: str = "INFO", proc: str = "") -> str:
+    """Dynamo's Rust logger (`dynamo/runtime/logging.py`): `{time}Z  LEVEL module.function: message`."""
+    return f"{proc}2026-11-20T{clock}.504473Z  {level} {target}: {message}\n"
+
+
+def dynamo_vllm_until_shards(model: str = "Qwen/Qwen3-0.6B", shards: int = 8) -> str:
+    """`python -m dynamo.vllm --model M`: its signal handlers, vLLM's engine in the worker's process (EngineCore a
+    child, with vLLM's prefix), to the last weight shard."""
+    core = "(EngineCore_DP0 pid=4311) "
+    return (_dyn("09:00:01", "graceful_shutdown.install_signal_handlers", "Signal handlers set up for graceful "
+                 "shutdown (discovery unregister + grace period)")
+            + _dyn("09:00:09", "core.__init__", f"Initializing a V1 LLM engine (v0.11.0) with config: model='{model}'",
+                   proc=core)
+            + _dyn("09:00:12", "gpu_model_runner.load_model", f"Starting to load model {model}...", proc=core)
+            + _tqdm("Loading safetensors checkpoint shards", shards, "1.77it/s", newline_each=True))
+
+
+def dynamo_vllm_healthy(model: str = "Qwen/Qwen3-0.6B") -> str:
+    """... then the KV cache, the graphs, the engine monitor and the model registered with the runtime."""
+    core = "(EngineCore_DP0 pid=4311) "
+    return (dynamo_vllm_until_shards(model)
+            + _dyn("09:00:19", "default_loader.load_weights", "Loading weights took 6.10 seconds", proc=core)
+            + _dyn("09:00:20", "gpu_model_runner.load_model", "Model loading took 1.12 GiB memory and 7.2 seconds",
+                   proc=core)
+            + _dyn("09:00:31", "gpu_worker.determine_available_memory", "Available KV cache memory: 60.12 GiB",
+                   proc=core)
+            + _dyn("09:00:44", "gpu_model_runner.capture_model", "Graph capturing finished in 12 secs, took 0.46 GiB",
+                   proc=core)
+            + _dyn("09:00:45", "core._initialize_kv_caches", "init engine (profile, create kv cache, warmup model) "
+                   "took 25.33 seconds", proc=core)
+            + _dyn("09:00:45", "engine_monitor.__init__", "VllmEngineMonitor initialized and health check task "
+                   "started.")
+            + _dyn("09:00:46", "_core", f"Registered base model '{model}' MDC"))
+
+
+def dynamo_stop() -> str:
+    """SIGTERM's graceful shutdown (`common/utils/graceful_shutdown.py`)."""
+    return (_dyn("10:30:00", "graceful_shutdown.graceful_shutdown_with_discovery", "Received shutdown signal; "
+                 "unregistering endpoints from discovery")
+            + _dyn("10:30:05", "graceful_shutdown.graceful_shutdown_with_discovery", "Initiating runtime shutdown"))
+
+
+def _aph(clock: str, message: str, level: str = "INFO", proc: str = "") -> str:
+    """Aphrodite's default format (`logger.py` `_FORMAT_INFO`): no file and line."""
+    return f"{proc}{level} 11-20 {clock} {message}\n"
+
+
+def aphrodite_until_shards(model: str = "PygmalionAI/Eleusis-12B", shards: int = 5) -> str:
+    core = "(EngineCore pid=7712) "
+    return (_aph("09:00:01", f"Aphrodite server version 0.10.2, serving model {model}")
+            + _aph("09:00:01", f"non-default args: {{'model': '{model}'}}")
+            + _aph("09:00:09", f"Initializing a V1 LLM engine (v0.10.2) with config: model='{model}'", proc=core)
+            + _aph("09:00:12", f"Starting to load model {model}...", proc=core)
+            + _tqdm("Loading safetensors checkpoint shards", shards, "1.77it/s", newline_each=True))
+
+
+def aphrodite_healthy(model: str = "PygmalionAI/Eleusis-12B", port: int = 2242) -> str:
+    core = "(EngineCore pid=7712) "
+    return (aphrodite_until_shards(model)
+            + _aph("09:00:31", "Loading weights took 19.10 seconds", proc=core)
+            + _aph("09:00:31", "Model loading took 23.1 GiB memory and 19.6 seconds", proc=core)
+            + _aph("09:00:40", "Available KV cache memory: 41.02 GiB", proc=core)
+            + _aph("09:00:58", "Graph capturing finished in 18 secs, took 0.52 GiB", proc=core)
+            + _aph("09:00:58", "init engine (profile, create kv cache, warmup model) took 27.11 s", proc=core)
+            + _aph("09:00:59", f"Starting Aphrodite server on http://0.0.0.0:{port}")
+            + _aph("09:00:59", "Available routes are:")
+            + "INFO:     Started server process [7700]\n"
+            + "INFO:     Waiting for application startup.\n"
+            + "INFO:     Application startup complete.\n")
+
+
+def aphrodite_stop() -> str:
+    """SIGTERM: `entrypoints/launcher.py:305`, then uvicorn's shutdown."""
+    return (_aph("10:30:00", "Shutting down FastAPI HTTP server.")
+            + "INFO:     Shutting down\nINFO:     Waiting for application shutdown.\n"
+              "INFO:     Application shutdown complete.\n")

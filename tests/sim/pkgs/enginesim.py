@@ -58,7 +58,11 @@ CHILD_TITLES = {
     "trtllm": lambda tp: [],  # its MPI workers set no title
     # The PyTorch engine's process, renamed by `prctl(PR_SET_NAME)` alone (`mp_engine/zmq_engine.py:107-112`).
     "lmdeploy": lambda tp: ["comm:ZMQMPEngine"],
+    # vLLM's titles under Aphrodite's prefix (`utils/system_utils.py` `set_process_title`).
+    "aphrodite-vllm": lambda tp: ["APHRODITE::EngineCore"] + ([f"APHRODITE::Worker_TP{i}" for i in range(tp)]
+                                                             if tp > 1 else []),
 }
+CHILD_TITLES["dynamo-vllm"] = CHILD_TITLES["vllm"]  # vLLM's engine in the worker's process
 COMM_ONLY = "comm:"  # a title set as the process's `comm` only, its command line left as it was
 
 
@@ -211,8 +215,14 @@ def _lmdeploy_page(work: Work) -> str:
                       list(zip(labels, work.tokens(), strict=True))))
 
 
+def _aphrodite_page(work: Work) -> str:
+    """vLLM's page under Aphrodite's prefix (`v1/metrics/loggers.py:479-501,659`)."""
+    return _vllm_page(work).replace("vllm:", "aphrodite:")
+
+
 PAGES = {"vllm": _vllm_page, "sglang": _sglang_page, "tgi": _tgi_page, "llamacpp": _llamacpp_page,
-         "trtllm": _trtllm_page, "lmdeploy": _lmdeploy_page}
+         "trtllm": _trtllm_page, "lmdeploy": _lmdeploy_page, "aphrodite-vllm": _aphrodite_page,
+         "dynamo-vllm": _vllm_page}  # a Dynamo worker's system port re-exports vLLM's families
 PAGE_PATHS = {"trtllm": "/prometheus/metrics"}  # the text format's page where it is not `/metrics`
 JSON_PAGES = {"trtllm": {"/metrics": _trtllm_iteration_stats}}
 # `/health` once the engine died behind its HTTP server (`openai_server.py` `health`).
@@ -241,7 +251,15 @@ def _lmdeploy_stats(clock: str, rank: int, running: int, waiting: int, throughpu
             f"{running} / {waiting}, KV cache: 12.5%, \n")
 
 
-STATS_LINES = {"vllm": _vllm_stats, "sglang": _sglang_stats, "lmdeploy": _lmdeploy_stats}
+def _aphrodite_stats(clock: str, rank: int, running: int, waiting: int, throughput: float, ranks: int) -> str:
+    """vLLM's stats line in Aphrodite's default format (`logger.py` `_FORMAT_INFO`)."""
+    return (f"INFO 11-20 {clock} Engine {rank:03d}: Avg prompt throughput: 0.0 tokens/s, Avg generation throughput: "
+            f"{throughput:.1f} tokens/s, Running: {running} reqs, Waiting: {waiting} reqs, GPU KV cache usage: 12.5%, "
+            "Prefix cache hit rate: 0.0%\n")
+
+
+STATS_LINES = {"vllm": _vllm_stats, "sglang": _sglang_stats, "lmdeploy": _lmdeploy_stats,
+               "aphrodite-vllm": _aphrodite_stats}
 
 
 DUMMY_ROUTES = ("/health", "/health_generate", "/ping")

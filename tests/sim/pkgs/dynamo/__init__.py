@@ -1,0 +1,1 @@
+"""Simulated NVIDIA Dynamo workers (see tests/sim/pkgs/enginesim.py)."""
