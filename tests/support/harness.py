@@ -174,8 +174,8 @@ ENGINE_COMMANDS = {
     # Run by this interpreter, as a console script's shebang runs it: its titled children need setproctitle.
     "aphrodite-vllm": [sys.executable, str(SIM_BIN / "aphrodite"), "run", "PygmalionAI/Eleusis-12B"],
     # Its port is DYN_SYSTEM_PORT's (the `env` of `Engine`), not a flag: the `--port` the harness adds is the
-    # simulator's alone.
-    "dynamo-vllm": [sys.executable, "-m", "dynamo.vllm", "--model", "Qwen/Qwen3-0.6B"],
+    # simulator's alone. Without a port it is named after its model: the test gives `--model` in `args`.
+    "dynamo-vllm": [sys.executable, "-m", "dynamo.vllm"],
 }
 
 PORT_FLAGS = {"lmdeploy": "--server-port"}  # where the engine's port flag is not `--port`

@@ -30,10 +30,12 @@ def _roles(s: Scrape, server: str) -> set[str]:
 def test_a_dynamo_vllm_worker_with_and_without_its_system_port(exporter, engine) -> None:
     """Without `DYN_SYSTEM_PORT` it has no port: named after its model, nothing probed, serving from its log; with
     it, probed and its re-exported vLLM page read there."""
-    headless = engine("dynamo-vllm", transcripts.dynamo_vllm_healthy(), final="serve", tp=2, http="none")
+    model = ("--model", "Qwen/Qwen3-0.6B")
+    headless = engine("dynamo-vllm", transcripts.dynamo_vllm_healthy(), final="serve", tp=2, http="none",
+                      args=model)
     port = free_port()
     system = engine("dynamo-vllm", transcripts.dynamo_vllm_healthy(), final="serve", tp=1, port=port, work=WORK,
-                    env={"DYN_SYSTEM_PORT": str(port)})
+                    env={"DYN_SYSTEM_PORT": str(port)}, args=model)
     e = exporter(config=CONFIG)
     name = "dynamo-vllm-Qwen3-0.6B"
     s = e.wait_for(lambda s: _phase(s, name) == "serving" and _phase(s, system.name) == "serving"

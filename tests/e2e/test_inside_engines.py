@@ -1,0 +1,103 @@
+"""Engines that are vLLM inside (simulated), end to end through real Prometheus and Alertmanager with the shipped
+rules: a Dynamo vLLM worker without a system port (nothing to probe: its log alone says it serves) and Aphrodite,
+each in its seed stall (weights in GPU memory, GPU idle, log silent, not ready) pages; a healthy idle one stays
+silent and a clean stop raises nothing (issue 28 item 4)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from support import transcripts as t
+from support.harness import Engine, Exporter, gpus, poll
+from support.stack import PIPELINE, Daemon, Webhook, alertmanager, prometheus, rule_seconds
+
+LOG_STALE = 12.0  # seconds: at least the scaled idle window (5m -> 10 s)
+CONFIG = ("discovery: {enabled: true, interval: 1s}\n"
+          f"defaults:\n  stall: {{gpu_memory_bytes: 70e9, log_stale: {LOG_STALE:g}s}}\n"
+          "  probe: {timeout: 1s, interval: 1s}\n"
+          "logs: {poll_interval: 0.5s}\n"
+          "engine_metrics: {interval: 1s, timeout: 1s}\n")
+IDLE = {"running": 0, "waiting": 0, "throughput": 0.0, "tokens_start": 5000, "interval": 0.5}
+
+# engine, the seed stall's transcript, a healthy start's, its stop, and what the simulator serves once up.
+ENGINES = {
+    "dynamo-vllm": (t.dynamo_vllm_until_shards(), t.dynamo_vllm_healthy(), t.dynamo_stop(), {"http": "none"}),
+    "aphrodite-vllm": (t.aphrodite_until_shards(), t.aphrodite_healthy(), t.aphrodite_stop(), {"work": IDLE}),
+}
+
+
+def _seen(e: Exporter, server: str, sim: Engine) -> str:
+    seen = [line for line in e.scrape().text.splitlines() if f'"{server}"' in line and not line.startswith("#")]
+    return f"the log: {sim.log.read_text()[-600:]!r}\nthe exporter: {seen}"
+
+
+def _engine_core(sim: Engine) -> int:
+    """The pid of its `...::EngineCore` child, which holds the weights."""
+    return poll(lambda: next((p.pid for p in psutil.Process(sim.proc.pid).children()
+                              if p.cmdline() and p.cmdline()[0].endswith("::EngineCore")), None),
+                timeout=30, what=f"{sim.name}'s EngineCore")
+
+
+@pytest.mark.parametrize("engine_name", list(ENGINES))
+def test_the_seed_stall_pages_an_idle_server_and_a_clean_stop_do_not(
+    exporter, engine, daemons: list[Daemon], tmp_path: Path, engine_name: str
+) -> None:
+    until_shards, healthy, stop, serving = ENGINES[engine_name]
+    hook = Webhook()
+    am_port = alertmanager(daemons, tmp_path, hook)
+    nvml = gpus(3, used=76e9, util=0, power=85, power_limit=700, recovery_action=0, ecc_uncorrected=0)
+    e = exporter(nvml={"gpus": nvml}, config=CONFIG)
+    query = prometheus(daemons, tmp_path, am_port, [f"127.0.0.1:{e.port}"])
+    poll(lambda: query('up{job="stallwatch"} == 1'), timeout=30, what="the first scrape")
+
+    if engine_name == "dynamo-vllm":  # one worker per model: three models
+        stalled_model, idle_model, stopped_model = "Qwen/Qwen3-0.6B", "Qwen/Qwen3-8B", "Qwen/Qwen3-4B"
+        stalled = engine(engine_name, until_shards, final="stall", tp=1, args=("--model", stalled_model))
+        idle = engine(engine_name, healthy.replace(stalled_model, idle_model), final="serve", tp=1,
+                      args=("--model", idle_model), **serving)
+        stopped = engine(engine_name, healthy.replace(stalled_model, stopped_model), final="serve", tp=1,
+                         args=("--model", stopped_model), on_sigterm=stop, **serving)
+        names = {sim: f"dynamo-vllm-{model.rsplit('/', 1)[1]}"
+                 for sim, model in ((stalled, stalled_model), (idle, idle_model), (stopped, stopped_model))}
+    else:
+        stalled = engine(engine_name, until_shards, final="stall", tp=1)
+        idle = engine(engine_name, healthy, final="serve", tp=1, **serving)
+        stopped = engine(engine_name, healthy, final="serve", tp=1, on_sigterm=stop, **serving)
+        names = {sim: sim.name for sim in (stalled, idle, stopped)}
+    for gpu, sim in enumerate((stalled, idle, stopped)):  # each holds 75 GB of its own GPU
+        nvml[gpu]["processes"] = [{"pid": _engine_core(sim), "used": 75e9}]
+    e.nvml.update(gpus=nvml)
+    for sim in (idle, stopped):
+        poll(lambda sim=sim: query(f'stallwatch_startup_phase{{server="{names[sim]}",phase="serving"}} == 1'),
+             timeout=30, what=f"{names[sim]} serving")
+    info = query(f'stallwatch_server_info{{server="{names[idle]}"}}')
+    assert info and info[0]["metric"]["engine"] == engine_name
+    poll(lambda: stalled.log.stat().st_size >= len(until_shards.encode()), timeout=30, what="the stall's last line")
+    last_line = stalled.log.stat().st_mtime
+
+    stopped.terminate()
+    stopped_at = time.time()
+    try:
+        e.wait_for(lambda s: s.value("stallwatch_startup_phase", server=names[stopped], phase="stopped") == 1
+                   and s.value("stallwatch_server_stop_requested", server=names[stopped]) == 1,
+                   timeout=30, what=f"{names[stopped]} stopped on request")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{_seen(e, names[stopped], stopped)}") from exc
+
+    page = poll(lambda: hook.find("InferenceServerLoadedButIdle", names[stalled], "firing"), timeout=90,
+                interval=0.2, what="the seed stall's page")
+    assert page["received_at"] - last_line >= LOG_STALE
+    assert page["labels"]["severity"] == "critical"
+    assert "phase loading_weights" in page["annotations"]["description"]
+
+    # Long past InferenceServerDown's `for` after the stop, and several windows of the idle server's silence.
+    time.sleep(max(0.0, stopped_at + rule_seconds("5m") + PIPELINE - time.time()))
+    for sim in (idle, stopped):
+        raised = [a["labels"] for a in hook.alerts if a["labels"].get("server") == names[sim]]
+        assert query(f'ALERTS{{server="{names[sim]}"}}') == [] and not raised, \
+            f"{raised}\n{_seen(e, names[sim], sim)}"
+    assert query(f'stallwatch_startup_phase{{server="{names[stopped]}",phase="stopped"}} == 1')
