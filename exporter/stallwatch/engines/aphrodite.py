@@ -14,11 +14,11 @@ title prefix other than `APHRODITE`."""
 import re
 from dataclasses import replace
 
-from stallwatch.engines import vllm
 from stallwatch.engines.base import MetricsSpec, rule
+from stallwatch.engines.vllm import ENGINE as VLLM_ENGINE
 
 ENGINE = replace(
-    vllm.ENGINE,
+    VLLM_ENGINE,
     name="aphrodite-vllm",
     # Not `aphrodite run-batch` (`entrypoints/cli/run_batch.py`), which serves nothing.
     program=re.compile(r"(?:\S*/)?aphrodite (?:run|serve)(?:\s|$)|aphrodite\.entrypoints\.openai\.api_server\b"),
@@ -42,6 +42,6 @@ ENGINE = replace(
         # `entrypoints/openai/api_server.py:583,628`, `entrypoints/launcher.py:120`.
         rule(r"Starting Aphrodite server on |\d\d:\d\d:\d\d (?:\[[^\]\n]*\] )?Available routes are:",
              phase="warming_up"),
-        *vllm.ENGINE.rules,
+        *VLLM_ENGINE.rules,
     ),
 )

@@ -21,8 +21,10 @@ worker's prefill/decode role; a worker over several nodes."""
 import re
 from dataclasses import replace
 
-from stallwatch.engines import sglang, trtllm, vllm
 from stallwatch.engines.base import Engine, Rule, rule
+from stallwatch.engines.sglang import ENGINE as SGLANG_ENGINE
+from stallwatch.engines.trtllm import ENGINE as TRTLLM_ENGINE
+from stallwatch.engines.vllm import ENGINE as VLLM_ENGINE
 
 # Every worker's own lines, ahead of its engine's.
 WORKER_RULES: tuple[Rule, ...] = (
@@ -59,13 +61,13 @@ def worker(inner: Engine, module: str, rules: tuple[Rule, ...] = (), **changes: 
     )
 
 
-VLLM = worker(vllm.ENGINE, "vllm", rules=(
+VLLM = worker(VLLM_ENGINE, "vllm", rules=(
     # `VllmEngineMonitor`: set up once the engine is built, before the model is registered; on `EngineDeadError` or a
     # health check that times out it logs these and exits 1.
     rule(r"VllmEngineMonitor initialized and health check task started", phase="warming_up"),
     rule(r"vLLM AsyncLLM health check failed: ", phase="failed", event="fatal"),
 ), model_flags=("--model",))
-SGLANG = worker(sglang.ENGINE, "sglang", model_flags=("--model-path", "--model"), metrics=None, stats_lines=())
-TRTLLM = worker(trtllm.ENGINE, "trtllm", model_flags=("--model-path", "--model"),
+SGLANG = worker(SGLANG_ENGINE, "sglang", model_flags=("--model-path", "--model"), metrics=None, stats_lines=())
+TRTLLM = worker(TRTLLM_ENGINE, "trtllm", model_flags=("--model-path", "--model"),
                 tp_flags=("--tensor-parallel-size",), metrics=None)
 ENGINES = (VLLM, SGLANG, TRTLLM)

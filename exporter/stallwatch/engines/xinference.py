@@ -15,8 +15,9 @@ Not covered: which engine is inside, the supervisor's and workers' own health (`
 
 import re
 
-from stallwatch.engines import sglang, vllm
 from stallwatch.engines.base import Engine, rule
+from stallwatch.engines.sglang import ENGINE as SGLANG_ENGINE
+from stallwatch.engines.vllm import ENGINE as VLLM_ENGINE
 
 ENGINE = Engine(
     name="xinference",
@@ -29,6 +30,6 @@ ENGINE = Engine(
         rule(r"ModelActor\([^)\n]+\) loaded", phase="serving"),
         # `core/model.py:562-565`: the model actor out of memory, then `os._exit(1)`.
         rule(r"Model actor is out of memory, model id: ", phase="failed", event="oom"),
-        *(r for r in vllm.ENGINE.rules + sglang.ENGINE.rules if not r.launch),
+        *(r for r in VLLM_ENGINE.rules + SGLANG_ENGINE.rules if not r.launch),
     ),
 )
