@@ -82,3 +82,24 @@ def test_a_load_that_times_out_is_a_fatal_event_of_a_server_that_keeps_serving(e
     # Its tree is read at most every TREE_CACHE_SECONDS: `server_up` may follow the phase by one reading.
     e.wait_for(lambda s: _phase(s, sim.name) == "stopped" and s.value("stallwatch_server_up", server=sim.name) == 0,
                what="stopped and down")
+
+
+def test_the_loaded_models_and_their_gpu_memory_are_read_from_api_ps(exporter, ollama, tmp_path: Path) -> None:
+    """`/api/ps` while two models are loaded: a series each with the bytes it holds; the last one unloaded, its
+    series is gone and the other's stays (fetched with the engine pages, at the probe's address)."""
+    gate = tmp_path / "unload"
+    e = exporter(config=FAST_REMEMBERING + "engine_metrics: {interval: 0.2s, timeout: 1s}\n")
+    steps = [["log", t.ollama_serving()], ["serve"],
+             ["load", MODELS[0], "llama3.2:latest", 3155590144], ["log", t.ollama_load(MODELS[0])], ["ready"],
+             ["load", MODELS[1], "qwen3:32b", 20971520000], ["log", t.ollama_load(MODELS[1])], ["ready"],
+             ["wait", str(gate)], ["unload"]]
+    sim = ollama(steps, t.llamacpp_healthy())
+
+    def loaded(s: Scrape) -> dict[str, float]:
+        return {ls["model"]: s.value("stallwatch_engine_model_gpu_memory_bytes", **ls) or 0.0
+                for ls in s.labelsets("stallwatch_engine_model_gpu_memory_bytes") if ls["server"] == sim.name}
+
+    e.wait_for(lambda s: loaded(s) == {"llama3.2:latest": 3155590144.0, "qwen3:32b": 20971520000.0}, timeout=20,
+               what="both models with their GPU memory")
+    gate.touch()
+    e.wait_for(lambda s: loaded(s) == {"llama3.2:latest": 3155590144.0}, timeout=20, what="the unloaded one gone")

@@ -112,6 +112,9 @@ CATALOG: dict[str, Family] = {
     "engine_metrics_up": Family(
         "gauge", "1 when the engine's /metrics page answered its last fetch, 0 when it failed or timed out.",
         ("server",)),
+    "engine_model_gpu_memory_bytes": Family(
+        "gauge", "Bytes of GPU memory each model the engine has loaded holds, as the engine reports it (Ollama's "
+        "/api/ps size_vram); one series per model loaded now, none once it is unloaded.", ("server", "model")),
     "engine_loop_up": Family(
         "gauge", "For an engine whose main loop serves its /metrics page (llama.cpp): 1 when the loop answered the "
         "last fetch, 0 when the fetch timed out (a request the loop holds unanswered).", ("server",)),

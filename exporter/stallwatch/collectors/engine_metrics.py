@@ -1,7 +1,8 @@
 """Engine metrics collector: requests running and waiting and tokens generated, as the engine itself reports them
 (`source="metrics"`: its `/metrics` page, fetched in the background by `signals.engine_page`; `source="log"`:
-its periodic stats lines, read by the log followers), whether its page answered, and whether the engine's main
-loop answered it (for a page that loop serves)."""
+its periodic stats lines, read by the log followers), whether its page answered, whether the engine's main
+loop answered it (for a page that loop serves), and the GPU memory each model it has loaded holds (Ollama's
+`/api/ps`, `signals.loaded_models`)."""
 
 from __future__ import annotations
 
@@ -27,7 +28,10 @@ class EngineMetricsCollector:
     def collect(self) -> Iterator[Metric]:
         families = [family(name) for name in FIGURES]
         up, loop_up = family("engine_metrics_up"), family("engine_loop_up")
+        models = family("engine_model_gpu_memory_bytes")
         for state in self.manager.states():
+            for model, memory in sorted((state.models or {}).items()):
+                models.add_metric([state.server, model], memory)
             if state.up is not None:
                 up.add_metric([state.server], 1.0 if state.up else 0.0)
             if state.loop_up is not None:
@@ -38,7 +42,7 @@ class EngineMetricsCollector:
             look = server.look()
             if look.log.figures is not None:
                 _add(families, [look.name, "log"], look.log.figures)
-        yield from (*families, up, loop_up)
+        yield from (*families, up, loop_up, models)
 
 
 def _add(families: list[Metric], labels: list[str], figures: Figures) -> None:

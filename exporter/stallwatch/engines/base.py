@@ -145,6 +145,18 @@ class MetricsSpec:
 
 
 @dataclass(frozen=True)
+class LoadedModels:
+    """A JSON page of the engine's that lists the models it has loaded and the GPU memory each holds (Ollama's
+    `/api/ps`): an object whose `list_key` is a list of objects, each with its name at `name_key` and its bytes of
+    GPU memory at `memory_key`."""
+
+    path: str
+    list_key: str
+    name_key: str
+    memory_key: str
+
+
+@dataclass(frozen=True)
 class StatsLine:
     """The engine's periodic stats line: `anchor` is a literal every such line contains (found from the end of a
     block with `rfind`), `pattern` matches the line with groups `running`, `waiting`, `throughput` (generated
@@ -237,6 +249,7 @@ class Engine:
     model_commands: tuple[str, ...] = ()
     tp_flags: tuple[str, ...] = ()
     metrics: MetricsSpec | None = None  # None: no `/metrics` page known
+    loaded_models: LoadedModels | None = None  # None: no page of its loaded models known
     stats_lines: tuple[StatsLine, ...] = ()
     # Lines an engine keeps printing while stuck (a wait loop's notice): not progress, so a log of nothing
     # else does not move `log_last_progress` (see `heartbeats()`).

@@ -16,11 +16,15 @@ runner to start responding`, `llama runner started in` before) are progress, lik
 heartbeat: the log only leaves `serving` on a failure of the server's own. A load that fails is one model's failure
 while the server goes on serving the others: a `fatal` event (the InferenceServerFatalLogEvents ticket) that is the
 runner's (`Rule.runner`), never the `failed` phase (InferenceServerFailed) nor a failed launch when the server
-later exits. Not read: `/api/ps` (the models loaded and their VRAM)."""
+later exits.
+
+`/api/ps` (`server/routes.go:2271` `PsHandler`, `api/types.go:817-844` `ProcessResponse`): `{"models": [{"name":
+"llama3.2:latest", "size": ..., "size_vram": 2364475392, "expires_at": ..., ...}]}`, the models loaded now and the
+bytes of GPU memory each holds, fetched with the engine pages (`signals/loaded_models.py`)."""
 
 import re
 
-from stallwatch.engines.base import Engine, heartbeats, rule
+from stallwatch.engines.base import Engine, LoadedModels, heartbeats, rule
 
 ENGINE = Engine(
     name="ollama",
@@ -33,6 +37,7 @@ ENGINE = Engine(
     # a liveness check of the API process only.
     health_path="/",
     role_title=re.compile(r"(?:^|/)(?P<runner>llama-server|ollama runner)(?:\s|$)"),
+    loaded_models=LoadedModels(path="/api/ps", list_key="models", name_key="name", memory_key="size_vram"),
     # gin's access log (`gin.Default()`, `server/routes.go:1869`; gin-gonic/gin `logger.go` `defaultLogFormatter`:
     # `[GIN] 2026/11/20 - 09:14:02 | 200 |  62.5µs |  127.0.0.1 | GET      "/"`) writes a line per request: those of
     # the pages a monitor polls (stallwatch's own probe of `/`, `/api/version`, `/api/ps`, `/api/tags`, routes.go:1877-

@@ -22,7 +22,6 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
-from urllib.parse import urlsplit
 
 from stallwatch.config import CollectorSettings
 from stallwatch.config.reader import setting
@@ -30,6 +29,8 @@ from stallwatch.config.values import LOOP_INTERVAL, positive_duration
 from stallwatch.discovery.server import Look, Server
 from stallwatch.engines.base import Figures, MetricsSpec
 from stallwatch.loops import PerServerLoops
+from stallwatch.signals.loaded_models import read_models
+from stallwatch.signals.page_address import page_url
 from stallwatch.signals.probes import fetch
 
 log = logging.getLogger(__name__)
@@ -121,6 +122,10 @@ class PageState:
     figures: Figures | None = None  # the last figures read, tokens made monotonic
     counter: MonotonicCounter = field(default_factory=MonotonicCounter)
     error: str = ""
+    # Bytes of GPU memory by model the engine has loaded (`Engine.loaded_models`), from its last fetch; None: no such
+    # page, or its last fetch failed.
+    models: dict[str, float] | None = None
+    models_error: str = ""
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
 
@@ -128,14 +133,10 @@ def metrics_url(server: Server) -> tuple[str, bool] | None:
     """The URL of the server's metrics page and whether it was derived from its command line; None when there is
     none to fetch from here."""
     spec = server.engine.metrics
-    launch = server.launch
-    if spec is None or not spec.served(launch.argv) or not launch.probes:
+    if spec is None or not spec.served(server.launch.argv):
         return None
-    target = launch.probes[0]
-    if target.netns_pid is not None:
-        return None
-    url = urlsplit(target.probe.url)._replace(path=spec.path, query="").geturl()
-    return url, target.derived
+    return page_url(server, spec.path)
+
 
 
 class Page(NamedTuple):
@@ -194,7 +195,12 @@ class EnginePageManager:
 
     def _step(self, server: Server, state: PageState) -> None:
         page = self.read_now(server)
+        models, models_error = read_models(server, self.timeout)
         with state.lock:
+            state.models = models
+            if models_error and models_error != state.models_error:
+                log.warning("loaded models of %s: %s", server.name, models_error)
+            state.models_error = models_error
             state.up, state.loop_up = page.up, page.loop_up
             if page.figures is not None:
                 running, waiting, tokens = page.figures
@@ -210,7 +216,8 @@ class EnginePageManager:
         out = []
         for state in self._loops.states():
             with state.lock:
-                out.append(PageState(state.server, state.up, state.loop_up, state.figures, error=state.error))
+                out.append(PageState(state.server, state.up, state.loop_up, state.figures, error=state.error,
+                                     models=dict(state.models) if state.models is not None else None))
         return out
 
     def state(self, server: Server) -> PageState | None:
