@@ -12,15 +12,12 @@ import psutil
 import pytest
 
 from support import transcripts as t
-from support.harness import Engine, Exporter, gpus, poll
+from support.configs import end_to_end
+from support.harness import Engine, gpus, poll
 from support.stack import PIPELINE, Daemon, Webhook, alertmanager, prometheus, rule_seconds
 
 LOG_STALE = 12.0  # seconds: at least the scaled idle window (5m -> 10 s)
-CONFIG = ("discovery: {enabled: true, interval: 1s}\n"
-          f"defaults:\n  stall: {{gpu_memory_bytes: 70e9, log_stale: {LOG_STALE:g}s}}\n"
-          "  probe: {timeout: 1s, interval: 1s}\n"
-          "logs: {poll_interval: 0.5s}\n"
-          "engine_metrics: {interval: 1s, timeout: 1s}\n")
+CONFIG = end_to_end(f"{LOG_STALE:g}s")
 IDLE = {"running": 0, "waiting": 0, "throughput": 0.0, "tokens_start": 5000, "interval": 0.5}
 
 # engine, the seed stall's transcript, a healthy start's, its stop, and what the simulator serves once up.
@@ -28,11 +25,6 @@ ENGINES = {
     "dynamo-vllm": (t.dynamo_vllm_until_shards(), t.dynamo_vllm_healthy(), t.dynamo_stop(), {"http": "none"}),
     "aphrodite-vllm": (t.aphrodite_until_shards(), t.aphrodite_healthy(), t.aphrodite_stop(), {"work": IDLE}),
 }
-
-
-def _seen(e: Exporter, server: str, sim: Engine) -> str:
-    seen = [line for line in e.scrape().text.splitlines() if f'"{server}"' in line and not line.startswith("#")]
-    return f"the log: {sim.log.read_text()[-600:]!r}\nthe exporter: {seen}"
 
 
 def _engine_core(sim: Engine) -> int:
@@ -81,12 +73,7 @@ def test_the_seed_stall_pages_an_idle_server_and_a_clean_stop_do_not(
 
     stopped.terminate()
     stopped_at = time.time()
-    try:
-        e.wait_for(lambda s: s.value("stallwatch_startup_phase", server=names[stopped], phase="stopped") == 1
-                   and s.value("stallwatch_server_stop_requested", server=names[stopped]) == 1,
-                   timeout=30, what=f"{names[stopped]} stopped on request")
-    except AssertionError as exc:
-        raise AssertionError(f"{exc}\n{_seen(e, names[stopped], stopped)}") from exc
+    e.wait_stopped_on_request(names[stopped], stopped.log)
 
     page = poll(lambda: hook.find("InferenceServerLoadedButIdle", names[stalled], "firing"), timeout=90,
                 interval=0.2, what="the seed stall's page")
@@ -99,5 +86,5 @@ def test_the_seed_stall_pages_an_idle_server_and_a_clean_stop_do_not(
     for sim in (idle, stopped):
         raised = [a["labels"] for a in hook.alerts if a["labels"].get("server") == names[sim]]
         assert query(f'ALERTS{{server="{names[sim]}"}}') == [] and not raised, \
-            f"{raised}\n{_seen(e, names[sim], sim)}"
+            f"{raised}\n{e.seen(names[sim], sim.log)}"
     assert query(f'stallwatch_startup_phase{{server="{names[stopped]}",phase="stopped"}} == 1')

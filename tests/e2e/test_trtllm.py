@@ -7,22 +7,13 @@ import time
 from pathlib import Path
 
 from support import transcripts as t
-from support.harness import Engine, Exporter, gpus, poll
+from support.configs import end_to_end
+from support.harness import gpus, poll
 from support.stack import PIPELINE, Daemon, Webhook, alertmanager, prometheus, rule_seconds
 
-CONFIG = ("discovery: {enabled: true, interval: 1s}\n"
-          "defaults:\n  stall: {gpu_memory_bytes: 70e9, log_stale: 3s}\n"
-          "  probe: {timeout: 1s, interval: 1s}\n"
-          "logs: {poll_interval: 0.5s}\n"
-          "engine_metrics: {interval: 1s, timeout: 1s}\n")
+CONFIG = end_to_end("3s")
 
 IDLE = {"running": 0, "waiting": 0, "throughput": 0.0, "tokens_start": 5000, "interval": 0.5}
-
-
-def _seen(e: Exporter, sim: Engine) -> str:
-    """What the exporter reads of `sim` and the end of its log: what a failure message needs to say why."""
-    seen = [line for line in e.scrape().text.splitlines() if f'"{sim.name}"' in line and not line.startswith("#")]
-    return f"the log: {sim.log.read_text()[-600:]!r}\nthe exporter: {seen}"
 
 
 def test_the_executors_death_pages_an_idle_server_and_a_clean_stop_do_not(
@@ -47,12 +38,7 @@ def test_the_executors_death_pages_an_idle_server_and_a_clean_stop_do_not(
     stopped.terminate()
     stopped_at = time.time()
     stopped.proc.wait(30)
-    try:  # its stop read (the reason it must not page), told apart from a page for another cause
-        e.wait_for(lambda s: s.value("stallwatch_startup_phase", server=stopped.name, phase="stopped") == 1
-                   and s.value("stallwatch_server_stop_requested", server=stopped.name) == 1,
-                   timeout=30, what=f"{stopped.name} stopped on request")
-    except AssertionError as exc:
-        raise AssertionError(f"{exc}\n{_seen(e, stopped)}") from exc
+    e.wait_stopped_on_request(stopped.name, stopped.log)
 
     for health, sim in died.items():
         page = poll(lambda sim=sim: hook.find("InferenceServerFailed", sim.name, "firing"), timeout=60,
@@ -65,5 +51,5 @@ def test_the_executors_death_pages_an_idle_server_and_a_clean_stop_do_not(
     time.sleep(max(0.0, stopped_at + rule_seconds("5m") + PIPELINE - time.time()))
     for sim in (idle, stopped):
         raised = [a["labels"] for a in hook.alerts if a["labels"].get("server") == sim.name]
-        assert query(f'ALERTS{{server="{sim.name}"}}') == [] and not raised, f"{raised}\n{_seen(e, sim)}"
+        assert query(f'ALERTS{{server="{sim.name}"}}') == [] and not raised, f"{raised}\n{e.seen(sim.name, sim.log)}"
     assert query(f'stallwatch_startup_phase{{server="{stopped.name}",phase="stopped"}} == 1')

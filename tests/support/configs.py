@@ -16,6 +16,22 @@ FAST = ("discovery: {enabled: true, interval: 0.2s, forget_after: 1s}\n"
 # The same, remembering a gone server's name for 30 s: what a test of who takes that name needs.
 FAST_REMEMBERING = FAST.replace("forget_after: 1s", "forget_after: 30s")
 
+# An engine's own pages and probes read every 0.3 s: a system test of one engine's figures.
+ENGINE_PAGES = ("discovery: {enabled: true, interval: 1s}\nlogs: {poll_interval: 0.2s}\n"
+                "defaults:\n  probe: {timeout: 1s, interval: 0.3s}\n"
+                "engine_metrics: {interval: 0.3s, timeout: 1s}\n")
+
+
+def end_to_end(log_stale: str = "3s") -> str:
+    """The exporter's config for an end-to-end test of one engine under the shortened rules: 70 GB is loaded, the
+    log is stale after `log_stale`, probes and pages every second."""
+    return ("discovery: {enabled: true, interval: 1s}\n"
+            f"defaults:\n  stall: {{gpu_memory_bytes: 70e9, log_stale: {log_stale}}}\n"
+            "  probe: {timeout: 1s, interval: 1s}\n"
+            "logs: {poll_interval: 0.5s}\n"
+            "engine_metrics: {interval: 1s, timeout: 1s}\n")
+
+
 GOOD = """\
 servers:
   - name: kimi-eagle3

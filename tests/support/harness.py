@@ -108,6 +108,11 @@ class Scrape:
     def labelsets(self, name: str) -> list[dict[str, str]]:
         return [s.labels for s in self.samples(name)]
 
+    def phase(self, server: str) -> str | None:
+        """The server's current startup phase, None when it has none."""
+        return next((s.labels["phase"] for s in self.samples("stallwatch_startup_phase")
+                     if s.labels.get("server") == server and s.value == 1), None)
+
 
 class Exporter:
     def __init__(self, tmp: Path, config: str | None = None, nvml: dict | None = None,
@@ -152,6 +157,21 @@ class Exporter:
 
     def wait_for(self, check: Callable[[Scrape], T], timeout: float = 15.0, what: str = "metric") -> T:
         return poll(lambda: check(self.scrape()), timeout=timeout, interval=0.2, what=what)
+
+    def seen(self, server: str, log: Path) -> str:
+        """What the exporter reads of `server` and the end of its log: what a failure message needs to say why."""
+        lines = [line for line in self.scrape().text.splitlines() if f'"{server}"' in line and not line.startswith("#")]
+        return f"the log: {log.read_text()[-600:]!r}\nthe exporter: {lines}"
+
+    def wait_stopped_on_request(self, server: str, log: Path) -> None:
+        """Until the server reads `stopped` with its stop request read (the reason a clean stop must not page), told
+        apart from a page for another cause by what the exporter read."""
+        try:
+            self.wait_for(lambda s: s.value("stallwatch_startup_phase", server=server, phase="stopped") == 1
+                          and s.value("stallwatch_server_stop_requested", server=server) == 1,
+                          timeout=30, what=f"{server} stopped on request")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{self.seen(server, log)}") from exc
 
     def stop(self) -> None:
         if self.proc.poll() is None:

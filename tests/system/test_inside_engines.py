@@ -5,18 +5,12 @@ serving, and its figures read from the page it serves."""
 from __future__ import annotations
 
 from support import transcripts
+from support.configs import ENGINE_PAGES
 from support.harness import Scrape, free_port
 
-CONFIG = ("discovery: {enabled: true, interval: 1s}\nlogs: {poll_interval: 0.2s}\n"
-          "defaults:\n  probe: {timeout: 1s, interval: 0.3s}\n"
-          "engine_metrics: {interval: 0.3s, timeout: 1s}\n")
+CONFIG = ENGINE_PAGES
 
 WORK = {"running": 3, "waiting": 1, "throughput": 0.0, "tokens_start": 5000, "interval": 0.3}
-
-
-def _phase(s: Scrape, server: str) -> str | None:
-    return next((x.labels["phase"] for x in s.samples("stallwatch_startup_phase")
-                 if x.labels["server"] == server and x.value == 1), None)
 
 
 def _info(s: Scrape, server: str) -> dict[str, str]:
@@ -38,7 +32,7 @@ def test_a_dynamo_vllm_worker_with_and_without_its_system_port(exporter, engine)
                     env={"DYN_SYSTEM_PORT": str(port)}, args=model)
     e = exporter(config=CONFIG)
     name = "dynamo-vllm-Qwen3-0.6B"
-    s = e.wait_for(lambda s: _phase(s, name) == "serving" and _phase(s, system.name) == "serving"
+    s = e.wait_for(lambda s: s.phase(name) == "serving" and s.phase(system.name) == "serving"
                    and s.value("stallwatch_engine_metrics_up", server=system.name) == 1
                    and {"EngineCore", "Worker_TP0", "Worker_TP1"} <= _roles(s, name)
                    and "EngineCore" in _roles(s, system.name) and s,
@@ -59,7 +53,7 @@ def test_aphrodite_is_discovered_serves_and_its_figures_are_read(exporter, engin
     sim = engine("aphrodite-vllm", transcripts.aphrodite_healthy(), final="serve", tp=2,
                  work={**WORK, "running": 2})
     e = exporter(config=CONFIG)
-    s = e.wait_for(lambda s: _phase(s, sim.name) == "serving"
+    s = e.wait_for(lambda s: s.phase(sim.name) == "serving"
                    and s.value("stallwatch_engine_metrics_up", server=sim.name) == 1
                    and s.value("stallwatch_engine_requests_running", server=sim.name, source="log") is not None
                    and {"EngineCore", "Worker_TP0", "Worker_TP1"} <= _roles(s, sim.name)

@@ -8,18 +8,12 @@ import json
 import urllib.parse
 
 from support import transcripts
-from support.harness import Exporter, Scrape
+from support.configs import ENGINE_PAGES
+from support.harness import Exporter
 
-CONFIG = ("discovery: {enabled: true, interval: 1s}\nlogs: {poll_interval: 0.2s}\n"
-          "defaults:\n  probe: {timeout: 1s, interval: 0.3s}\n"
-          "engine_metrics: {interval: 0.3s, timeout: 1s}\n")
+CONFIG = ENGINE_PAGES
 
 WORK = {"running": 3, "waiting": 1, "throughput": 0.0, "tokens_start": 5000, "interval": 0.3}
-
-
-def _phase(s: Scrape, server: str) -> str | None:
-    return next((x.labels["phase"] for x in s.samples("stallwatch_startup_phase")
-                 if x.labels["server"] == server and x.value == 1), None)
 
 
 def test_lmdeploy_is_discovered_refused_while_loading_and_serves_with_its_figures(exporter, engine) -> None:
@@ -27,7 +21,7 @@ def test_lmdeploy_is_discovered_refused_while_loading_and_serves_with_its_figure
     sim = engine("lmdeploy", transcripts.lmdeploy_healthy(), final="serve", tp=1, work=WORK)
     e: Exporter = exporter(config=CONFIG)
     s = e.wait_for(lambda s: s.value("stallwatch_engine_metrics_up", server=sim.name) == 1
-                   and _phase(s, sim.name) == "serving" and _phase(s, loading.name) == "loading_weights"
+                   and s.phase(sim.name) == "serving" and s.phase(loading.name) == "loading_weights"
                    and (s.value("stallwatch_probe_failures_total", server=loading.name, reason="refused") or 0) > 0
                    and s, what="one serving with its figures, one loading and refused")
     assert sim.name == f"lmdeploy-{sim.port}"

@@ -6,18 +6,12 @@ from __future__ import annotations
 import time
 
 from support import transcripts
-from support.harness import Exporter, Scrape
+from support.configs import ENGINE_PAGES
+from support.harness import Exporter
 
-CONFIG = ("discovery: {enabled: true, interval: 1s}\nlogs: {poll_interval: 0.2s}\n"
-          "defaults:\n  probe: {timeout: 1s, interval: 0.3s}\n"
-          "engine_metrics: {interval: 0.3s, timeout: 1s}\n")
+CONFIG = ENGINE_PAGES
 
 WORK = {"running": 3, "waiting": 1, "throughput": 0.0, "tokens_start": 5000, "interval": 0.3}
-
-
-def _phase(s: Scrape, server: str) -> str | None:
-    return next((x.labels["phase"] for x in s.samples("stallwatch_startup_phase")
-                 if x.labels["server"] == server and x.value == 1), None)
 
 
 def test_trtllm_serve_is_discovered_serves_and_its_figures_come_from_the_prometheus_page(exporter, engine) -> None:
@@ -25,7 +19,7 @@ def test_trtllm_serve_is_discovered_serves_and_its_figures_come_from_the_prometh
     sim = engine("trtllm", transcripts.trtllm_healthy(), final="serve", tp=1, work=WORK)
     e: Exporter = exporter(config=CONFIG)
     s = e.wait_for(lambda s: s.value("stallwatch_engine_metrics_up", server=sim.name) == 1
-                   and _phase(s, sim.name) == "serving" and s, what="trtllm serving with its figures")
+                   and s.phase(sim.name) == "serving" and s, what="trtllm serving with its figures")
     info = [x.labels for x in s.samples("stallwatch_server_info") if x.labels["server"] == sim.name]
     assert info and info[0]["engine"] == "trtllm" and info[0]["model"] == "meta-llama/Llama-3.1-8B-Instruct"
     assert s.value("stallwatch_engine_requests_running", server=sim.name, source="metrics") == 3
@@ -43,7 +37,7 @@ def test_without_return_perf_metrics_there_is_no_page_not_a_failing_one(exporter
     on = engine("trtllm", transcripts.trtllm_healthy(), final="serve", tp=1, work=WORK)
     e = exporter(config=CONFIG)
     e.wait_for(lambda s: s.value("stallwatch_engine_metrics_up", server=on.name) == 1
-               and _phase(s, off.name) == "serving", what="both serving, the one with its page read")
+               and s.phase(off.name) == "serving", what="both serving, the one with its page read")
     time.sleep(1.0)  # several fetches of both pages later
     s = e.scrape()
     assert s.value("stallwatch_engine_metrics_up", server=off.name) is None
@@ -59,9 +53,9 @@ def test_the_executors_death_under_a_live_http_server_is_failed(exporter, engine
     unavailable = engine("trtllm", transcripts.trtllm_healthy(), final="serve", tp=1, work=WORK,
                          dies={"after": 3.0, "transcript": transcripts.trtllm_executor_died(), "health": 503})
     e = exporter(config=CONFIG)
-    e.wait_for(lambda s: all(_phase(s, sim.name) == "serving" for sim in (still_200, unavailable)),
+    e.wait_for(lambda s: all(s.phase(sim.name) == "serving" for sim in (still_200, unavailable)),
                what="both serving first")
-    s = e.wait_for(lambda s: all(_phase(s, sim.name) == "failed" for sim in (still_200, unavailable))
+    s = e.wait_for(lambda s: all(s.phase(sim.name) == "failed" for sim in (still_200, unavailable))
                    and s.value("stallwatch_probe_http_status_code", server=unavailable.name) == 503 and s,
                    timeout=20, what="both failed")
     for sim in (still_200, unavailable):
@@ -70,4 +64,4 @@ def test_the_executors_death_under_a_live_http_server_is_failed(exporter, engine
     failed_at = s.value("stallwatch_startup_phase_start_timestamp_seconds", server=still_200.name) or 0
     later = e.wait_for(lambda s: (s.value("stallwatch_probe_last_success_timestamp_seconds", server=still_200.name)
                                   or 0) > failed_at + 1 and s, what="a probe that answered after the failure")
-    assert _phase(later, still_200.name) == "failed"
+    assert later.phase(still_200.name) == "failed"

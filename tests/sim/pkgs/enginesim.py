@@ -138,16 +138,21 @@ def _series(name: str, kind: str, help_text: str, rows: list[tuple[str, float]])
     return out + "".join(f"{name}{labels} {value}\n" for labels, value in rows)
 
 
-def _vllm_page(work: Work) -> str:
-    """`vllm/v1/metrics/loggers.py` PrometheusStatLogger: labels `engine` (one per DP engine) and `model_name`."""
-    labels = [f'{{engine="{i}",model_name="meta-llama/Llama-3.1-70B"}}' for i in range(work.ranks)]
-    return (_series("vllm:num_requests_running", "gauge", "Number of requests in model execution batches.",
+def _per_engine_page(work: Work, prefix: str, model: str) -> str:
+    """vLLM's families as its PrometheusStatLogger writes them (`vllm/v1/metrics/loggers.py`: labels `engine`, one
+    per DP engine, and `model_name`), under `prefix`; LMDeploy's (`lmdeploy/metrics/loggers.py`) are the same."""
+    labels = [f'{{engine="{i}",model_name="{model}"}}' for i in range(work.ranks)]
+    return (_series(f"{prefix}num_requests_running", "gauge", "Number of requests in model execution batches.",
                     list(zip(labels, work.split("running"), strict=True)))
-            + _series("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.",
+            + _series(f"{prefix}num_requests_waiting", "gauge", "Number of requests waiting to be processed.",
                       list(zip(labels, work.split("waiting"), strict=True)))
-            + _series("vllm:generation_tokens_total", "counter", "Number of generation tokens processed.",
+            + _series(f"{prefix}generation_tokens_total", "counter", "Number of generation tokens processed.",
                       list(zip(labels, work.tokens(), strict=True)))
-            + "".join(f"vllm:generation_tokens_created{label} 1.7635e+09\n" for label in labels))
+            + "".join(f"{prefix}generation_tokens_created{label} 1.7635e+09\n" for label in labels))
+
+
+def _vllm_page(work: Work) -> str:
+    return _per_engine_page(work, "vllm:", "meta-llama/Llama-3.1-70B")
 
 
 def _sglang_page(work: Work) -> str:
@@ -205,19 +210,12 @@ def _trtllm_iteration_stats(work: Work) -> bytes:
 
 
 def _lmdeploy_page(work: Work) -> str:
-    """`lmdeploy/metrics/loggers.py` PrometheusStatLogger: labels `model_name` and `engine` (the DP rank)."""
-    labels = [f'{{engine="{i}",model_name="internlm/internlm3-8b-instruct"}}' for i in range(work.ranks)]
-    return (_series("lmdeploy:num_requests_running", "gauge", "Number of requests in model execution batches.",
-                    list(zip(labels, work.split("running"), strict=True)))
-            + _series("lmdeploy:num_requests_waiting", "gauge", "Number of requests waiting to be processed.",
-                      list(zip(labels, work.split("waiting"), strict=True)))
-            + _series("lmdeploy:generation_tokens_total", "counter", "Number of generation tokens processed.",
-                      list(zip(labels, work.tokens(), strict=True))))
+    return _per_engine_page(work, "lmdeploy:", "internlm/internlm3-8b-instruct")
 
 
 def _aphrodite_page(work: Work) -> str:
     """vLLM's page under Aphrodite's prefix (`v1/metrics/loggers.py:479-501,659`)."""
-    return _vllm_page(work).replace("vllm:", "aphrodite:")
+    return _per_engine_page(work, "aphrodite:", "PygmalionAI/Eleusis-12B")
 
 
 PAGES = {"vllm": _vllm_page, "sglang": _sglang_page, "tgi": _tgi_page, "llamacpp": _llamacpp_page,

@@ -10,25 +10,9 @@ from stallwatch.logs.interpret import LogInterpreter
 from stallwatch.logs.stats_lines import last_stats
 from stallwatch.signals.engine_page import parse_page
 from support import transcripts as t
+from support.feeding import fed
+from support.feeding import phase_steps as phases
 from support.sim import enginesim
-
-
-def fed(engine: str, *texts: str) -> LogInterpreter:
-    interpreter = LogInterpreter(ENGINES[engine])
-    for text in texts:
-        for line in text.encode().splitlines(keepends=True):
-            interpreter.feed(line)
-    return interpreter
-
-
-def phases(engine: str, text: str) -> list[str]:
-    interpreter, seen = LogInterpreter(ENGINES[engine]), []
-    for line in text.encode().splitlines(keepends=True):
-        interpreter.feed(line)
-        if interpreter.snapshot().phase != (seen or [None])[-1]:
-            seen.append(interpreter.snapshot().phase)
-    return seen
-
 
 START = ["launching", "loading_weights", "allocating_memory", "warming_up", "serving"]
 

@@ -17,6 +17,7 @@ from stallwatch.logs.stats_lines import last_stats
 from stallwatch.report.observe import probe_info
 from stallwatch.signals.engine_page import parse_page
 from stallwatch.signals.probes import probe, said
+from support import feeding
 from support import transcripts as t
 from support.sim import enginesim
 
@@ -24,13 +25,7 @@ LMDEPLOY = ENGINES["lmdeploy"]
 
 
 def fed(*texts: str, interpreter: LogInterpreter | None = None) -> LogInterpreter:
-    """The interpreter after `texts`, one line (or one tqdm update) at a time."""
-    interpreter = interpreter or LogInterpreter(LMDEPLOY)
-    for text in texts:
-        for line in text.encode().splitlines(keepends=True):
-            for part in line.split(b"\r"):
-                interpreter.feed(part if part.endswith(b"\n") else part + b"\n")
-    return interpreter
+    return feeding.fed("lmdeploy", *texts, interpreter=interpreter)
 
 
 @pytest.mark.parametrize(("argv", "found"), [
@@ -63,14 +58,9 @@ def test_address_model_and_tensor_parallel_from_the_command_line(argv: list[str]
 
 
 def test_a_healthy_start_goes_through_the_phases_without_a_fatal() -> None:
-    seen = []
-    interpreter = LogInterpreter(LMDEPLOY)
-    for line in t.lmdeploy_healthy().splitlines(keepends=True):
-        fed(line, interpreter=interpreter)
-        if interpreter.snapshot().phase != (seen or [None])[-1]:
-            seen.append(interpreter.snapshot().phase)
-    snap = interpreter.snapshot()
-    assert seen == ["launching", "loading_weights", "allocating_memory", "warming_up", "serving"]
+    assert feeding.phase_steps("lmdeploy", t.lmdeploy_healthy()) == [
+        "launching", "loading_weights", "allocating_memory", "warming_up", "serving"]
+    snap = fed(t.lmdeploy_healthy()).snapshot()
     assert (snap.shards_loaded, snap.shards_expected) == (4, 4)
     assert snap.events["fatal"] == 0 and snap.launches == 1
 

@@ -11,19 +11,14 @@ from stallwatch.discovery.processes import invocation
 from stallwatch.engines import ENGINES
 from stallwatch.logs.interpret import LogInterpreter
 from stallwatch.signals.engine_page import parse_page
+from support import feeding
 from support import transcripts as t
 
 TRTLLM = ENGINES["trtllm"]
 
 
 def fed(*texts: str, interpreter: LogInterpreter | None = None) -> LogInterpreter:
-    """The interpreter after `texts`, one line (or one tqdm update) at a time."""
-    interpreter = interpreter or LogInterpreter(TRTLLM)
-    for text in texts:
-        for line in text.encode().splitlines(keepends=True):
-            for part in line.split(b"\r"):
-                interpreter.feed(part if part.endswith(b"\n") else part + b"\n")
-    return interpreter
+    return feeding.fed("trtllm", *texts, interpreter=interpreter)
 
 
 @pytest.mark.parametrize(("argv", "found"), [

@@ -13,6 +13,7 @@ from stallwatch.logs import interpret
 from stallwatch.logs.interpret import LogInterpreter
 from support import transcripts
 from support import transcripts as t
+from support.feeding import fed, phase_steps
 
 TRACEBACK = b"Traceback (most recent call last)\n"
 
@@ -41,28 +42,6 @@ class Scanned(bytes):
     def splitlines(self, keepends: bool = False) -> list[bytes]:  # type: ignore[override]
         self.splits += 1
         return super().splitlines(keepends)
-
-
-def fed(engine: str, *texts: str, interpreter: LogInterpreter | None = None) -> LogInterpreter:
-    """The interpreter after `texts`, one line (or one tqdm update) at a time, as the follower hands them over."""
-    interpreter = interpreter or LogInterpreter(ENGINES[engine])
-    for text in texts:
-        for line in text.encode().splitlines(keepends=True):
-            for part in line.split(b"\r"):
-                interpreter.feed(part if part.endswith(b"\n") else part + b"\n")
-    return interpreter
-
-
-def phase_steps(engine: str, *texts: str) -> list[str]:
-    interpreter = LogInterpreter(ENGINES[engine])
-    seen: list[str] = []
-    for text in texts:
-        for line in text.splitlines(keepends=True):
-            fed(engine, line, interpreter=interpreter)
-            phase = interpreter.snapshot().phase
-            if not seen or seen[-1] != phase:
-                seen.append(phase)
-    return seen
 
 
 def ends(interpreter: LogInterpreter) -> tuple[str, int]:
