@@ -633,3 +633,12 @@ def aphrodite_stop() -> str:
     return (_aph("10:30:00", "Shutting down FastAPI HTTP server.")
             + "INFO:     Shutting down\nINFO:     Waiting for application shutdown.\n"
               "INFO:     Application shutdown complete.\n")
+
+
+def xinference_model_loaded(uid: str = "qwen2.5-instruct-0") -> str:
+    """An Xinference model actor loading vLLM in-process: the engine's lines through the actor's logger, then the
+    actor's own `ModelActor(uid) loaded` (xinference/core/model.py:500)."""
+    return (_aph("09:00:09", "Initializing a V1 LLM engine (v0.11.0) with config: model='/models/qwen2.5-instruct'")
+            + _aph("09:00:12", "Starting to load model /models/qwen2.5-instruct...")
+            + _aph("09:00:40", "Available KV cache memory: 41.02 GiB")
+            + f"2026-11-20 09:01:02,331 xinference.core.model 4242 INFO     ModelActor({uid}) loaded\n")

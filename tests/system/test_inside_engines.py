@@ -65,3 +65,18 @@ def test_aphrodite_is_discovered_serves_and_its_figures_are_read(exporter, engin
     assert s.value("stallwatch_engine_requests_running", server=sim.name, source="log") == 2  # its stats line
     assert s.value("stallwatch_probe_success", server=sim.name) == 1
     assert s.value("stallwatch_log_events_total", server=sim.name, event="fatal") == 0
+
+
+def test_an_xinference_model_process_is_the_server_its_worker_is_not(exporter, engine) -> None:
+    """The worker (`xinference-local`) runs a model process titled `Model: <uid>` by setproctitle, as Xinference's
+    actor titles itself: that process is the server, named after its uid, its log the worker's output it shares."""
+    engine("xinference", transcripts.xinference_model_loaded(), final="serve", tp=1, http="none",
+           children=["Model: qwen2.5-instruct-0"])
+    e = exporter(config=CONFIG)
+    name = "xinference-qwen2.5-instruct-0"
+    s = e.wait_for(lambda s: s.phase(name) == "serving" and s, what="the model process serving")
+    info = _info(s, name)
+    assert (info["engine"], info["model"]) == ("xinference", "qwen2.5-instruct-0"), info
+    assert s.value("stallwatch_probe_success", server=name) is None
+    assert not [ls for ls in s.labelsets("stallwatch_server_info") if ls["server"].startswith("xinference-")
+                and ls["server"] != name]

@@ -248,6 +248,9 @@ class Engine:
     # argument, the first of them found in this order: `vllm serve <model>`, `trtllm-serve [serve] <model>`.
     model_commands: tuple[str, ...] = ()
     tp_flags: tuple[str, ...] = ()
+    # Regex matched at the start of the command line (argv joined by spaces) whose `model` group is the model, for a
+    # process title that replaced the command line (Xinference's `Model: <uid>`); None: the flags and commands only.
+    title_model: re.Pattern[str] | None = None
     metrics: MetricsSpec | None = None  # None: no `/metrics` page known
     loaded_models: LoadedModels | None = None  # None: no page of its loaded models known
     stats_lines: tuple[StatsLine, ...] = ()
@@ -306,7 +309,8 @@ class Engine:
         if found is None and command is not None:
             rest = argv[names.index(command) + 1:]
             found = rest[0] if rest and not rest[0].startswith("-") else None
-        return found or ""
+        titled = self.title_model.match(" ".join(argv)) if found is None and self.title_model else None
+        return found or (titled.group("model") if titled else "")
 
     def tensor_parallel(self, argv: Sequence[str]) -> str:
         """Tensor-parallel size as given on the command line; "" when not given or not a number."""

@@ -21,10 +21,11 @@ from stallwatch.engines.vllm import ENGINE as VLLM_ENGINE
 
 ENGINE = Engine(
     name="xinference",
-    # The title replaces the whole command line (setproctitle): `Model: qwen2.5-instruct-0`.
-    program=re.compile(r"Model: \S+$"),
+    # The title replaces the whole command line (setproctitle): `Model: qwen2.5-instruct-0` and the NULs it pads the
+    # old one's room with, which read as empty arguments (psutil), or split at its space.
+    program=re.compile(r"Model: \S+ *$"),
     default_port=None,
-    model_commands=("Model:",),
+    title_model=re.compile(r"Model: (?P<model>\S+) *$"),
     role_title=re.compile(r"^(?:VLLM|sglang)::(?P<role>[A-Za-z0-9_]+)"),
     rules=(
         rule(r"ModelActor\([^)\n]+\) loaded", phase="serving"),

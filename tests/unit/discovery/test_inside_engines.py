@@ -38,8 +38,10 @@ def _found(tmp_path: Path, argv: tuple[str, ...], environ: bytes = b"") -> list[
     (("/opt/venv/bin/aphrodite", "run", "PygmalionAI/Eleusis-12B"), ("aphrodite-vllm-2242", "aphrodite-vllm", 2242)),
     (("python3", "-m", "aphrodite.entrypoints.openai.api_server", "--model", "m", "--port", "5000"),
      ("aphrodite-vllm-5000", "aphrodite-vllm", 5000)),
-    # `setproctitle("Model: {replica_model_uid}")` (xinference/core/model.py:478), split at its space by psutil.
-    (("Model:", "qwen2.5-instruct-0"), ("xinference-qwen2.5-instruct-0", "xinference", None)),
+    # `setproctitle("Model: {replica_model_uid}")` (xinference/core/model.py:478): psutil reads the title and the NULs
+    # it pads the old command line's room with as empty arguments, or (no NULs) splits it at its space.
+    (("Model: qwen2.5-instruct-0", *[""] * 40), ("xinference-qwen2.5-instruct-0", "xinference", None)),
+    (("Model:", "qwen2.5-instruct-1-0"), ("xinference-qwen2.5-instruct-1-0", "xinference", None)),
     # `kt run` execs SGLang (kt-kernel/python/cli/commands/run.py:636; kt-kernel/README.md:319-333).
     (("/usr/bin/python3", "-m", "sglang.launch_server", "--model", "deepseek-ai/DeepSeek-V3", "--kt-method",
       "AMXINT8", "--kt-weight-path", "/models/DeepSeek-V3-INT8", "--kt-cpuinfer", "64", "--kt-threadpool-count", "2",
@@ -83,7 +85,7 @@ def test_without_a_system_port_a_dynamo_worker_is_probed_nowhere(tmp_path: Path)
 def test_an_xinference_model_process_inside_its_worker_is_the_server(tmp_path: Path) -> None:
     """The worker matches no engine; its model process, a child, is the server."""
     worker = candidate(os.getppid(), ("/usr/local/bin/xinference-local", "--port", "9997"))
-    model = dataclasses.replace(candidate(os.getpid(), ("Model:", "qwen2.5-instruct-0")), ppid=worker.pid)
+    model = dataclasses.replace(candidate(os.getpid(), ("Model: qwen2.5-instruct-0", "", "")), ppid=worker.pid)
     w = watcher(tmp_path, [worker, model])
     w.refresh()
     assert [(s.name, s.launch.pid) for s in w.servers()] == [("xinference-qwen2.5-instruct-0", os.getpid())]
