@@ -14,14 +14,14 @@ its model (`dynamo-vllm-Qwen3-0.6B`) and its phase comes from its log alone, `se
 with the runtime. The frontend (`python -m dynamo.frontend`, which holds no model) is not watched.
 
 Not covered: judging a worker's progress at the frontend (`dynamo_frontend_output_tokens_total`, keyed by
-`DYN_NAMESPACE`); the SGLang worker's batch lines as figures (Dynamo writes them without SGLang's `[time TPn]`
-prefix); the SGLang and TensorRT-LLM workers' `/metrics` (what their system port re-exports is not pinned); a
-worker's prefill/decode role; a worker over several nodes."""
+`DYN_NAMESPACE`); an SGLang worker's DP groups told apart in its batch lines (Dynamo writes them without SGLang's
+`[time DPn TPn]` prefix); the SGLang and TensorRT-LLM workers' `/metrics` (what their system port re-exports is
+not pinned); the TensorRT-LLM worker's figures; a worker's prefill/decode role; a worker over several nodes."""
 
 import re
 from dataclasses import replace
 
-from stallwatch.engines.base import Engine, Rule, rule
+from stallwatch.engines.base import Engine, Rule, StatsLine, rule
 from stallwatch.engines.sglang import ENGINE as SGLANG_ENGINE
 from stallwatch.engines.trtllm import ENGINE as TRTLLM_ENGINE
 from stallwatch.engines.vllm import ENGINE as VLLM_ENGINE
@@ -67,7 +67,14 @@ VLLM = worker(VLLM_ENGINE, "vllm", rules=(
     rule(r"VllmEngineMonitor initialized and health check task started", phase="warming_up"),
     rule(r"vLLM AsyncLLM health check failed: ", phase="failed", event="fatal"),
 ), model_flags=("--model",))
-SGLANG = worker(SGLANG_ENGINE, "sglang", model_flags=("--model-path", "--model"), metrics=None, stats_lines=())
+SGLANG = worker(SGLANG_ENGINE, "sglang", model_flags=("--model-path", "--model"), metrics=None, stats_lines=(
+    # SGLang's decode stats line (`scheduler_components/metrics_reporter.py`) as Dynamo's logger writes it, without
+    # SGLang's `[time DPn TPn]` (the published worker log's `INFO scheduler_metrics_mixin.report_prefill_stats: Prefill
+    # batch, ...`): one DP group's figures only.
+    StatsLine(anchor=b"gen throughput (token/s): ", pattern=re.compile(
+        rb"Decode batch[,.] #running-req: (?P<running>\d+),[^\n]*?gen throughput \(token/s\): (?P<throughput>[\d.]+),"
+        rb"[^\n]*?#queue-req: (?P<waiting>\d+)"), max_interval=10.0),
+))
 TRTLLM = worker(TRTLLM_ENGINE, "trtllm", model_flags=("--model-path", "--model"),
                 tp_flags=("--tensor-parallel-size",), metrics=None)
 ENGINES = (VLLM, SGLANG, TRTLLM)

@@ -106,3 +106,10 @@ def test_an_xinference_model_process_serves_once_its_actor_says_loaded() -> None
            "qwen2.5-instruct, error: CUDA out of memory. Tried to allocate 2.00 GiB\n")
     snap = fed("xinference", lines, oom).snapshot()
     assert snap.phase == "failed" and snap.events["oom"] >= 1
+
+
+def test_a_dynamo_sglang_workers_decode_lines_are_its_figures() -> None:
+    """SGLang's decode stats line in Dynamo's format (no `[time TPn]`): running, waiting and its throughput."""
+    line = t._dyn("09:10:00", "scheduler_metrics_mixin.report_decode_stats", "Decode batch, #running-req: 7, #token: "
+                  "4096, token usage: 0.03, cuda graph: True, gen throughput (token/s): 412.50, #queue-req: 2")
+    assert last_stats(line.encode(), ENGINES["dynamo-sglang"].stats_lines[0]) == {b"": (7, 2, 412.5)}
