@@ -1,7 +1,8 @@
-"""One GPU's reading through NVML, and what is derived from it: its identity, memory, utilization and processes
-(`read_device`), its busy seconds integrated from NVML's utilization samples (`BusyIntegrator`, so that bursts
-between two scrapes are not lost), and the memory a server holds on it (`server_memory`). The calls here may block
-as long as the driver does: only `signals.nvml`'s reader threads make them."""
+"""One GPU's reading through NVML, and what is derived from it: its identity, read once while it answers
+(`identify`: handle, UUID, name, PCI address), its memory, utilization and processes (`read_device`), its busy
+seconds integrated from NVML's utilization samples (`BusyIntegrator`, so that bursts between two scrapes are not
+lost), and the memory a server holds on it (`server_memory`). The calls here may block as long as the driver does:
+only `signals.nvml`'s reader threads make them."""
 
 from __future__ import annotations
 
@@ -70,7 +71,7 @@ def pci_address(domain: int, bus: int, device: int) -> str:
 
 @dataclass(frozen=True)
 class DeviceFailure:
-    """A device that did not answer: its index, its UUID when it was read before the failure, and why."""
+    """A device that did not answer: its index, its UUID when it was ever read (`Identity`), and why."""
 
     index: str
     uuid: str
@@ -135,37 +136,51 @@ class BusyIntegrator:
         self.last_fallback = now
 
 
-def read_device(index: int, integrator: Callable[[str], BusyIntegrator]) -> Device:
-    """One device's identity, memory, utilization and processes, with its utilization samples added to
-    `integrator(uuid)`; NVMLError (with `uuid` set once known) when it does not answer."""
-    uuid = ""
-    try:
-        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-        uuid = as_str(pynvml.nvmlDeviceGetUUID(handle))
-        busy = integrator(uuid)
-        _sample(handle, busy)
-        ratio, window = busy.recent_busy()
-        name = as_str(pynvml.nvmlDeviceGetName(handle))
-        memory = _memory(handle)
-        return Device(
-            index=str(index),
-            uuid=uuid,
-            name=name,
-            used=float(memory.used),
-            total=float(memory.total),
-            utilization=_optional(lambda: pynvml.nvmlDeviceGetUtilizationRates(handle).gpu / 100.0),
-            processes=_optional(lambda: {
-                p.pid: float(p.usedGpuMemory or 0)
-                for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
-            }),
-            busy_ratio=ratio,
-            busy_window=window,
-            health=read_health(handle),
-            pci=_optional(lambda: _pci(pynvml.nvmlDeviceGetPciInfo(handle))),
-        )
-    except pynvml.NVMLError as exc:
-        exc.uuid = uuid  # type: ignore[attr-defined]
-        raise
+@dataclass(frozen=True)
+class Identity:
+    """What a GPU is, read once while it answers: a GPU that hangs later (Xid 119) keeps its name, and none of this
+    is asked of it again. `generation`: the NVML initialisation its handle belongs to (a fresh init, a fresh one)."""
+
+    index: int
+    handle: Any
+    uuid: str
+    name: str
+    pci: str | None
+    generation: int
+
+
+def identify(index: int, generation: int) -> Identity:
+    """GPU `index`'s handle, UUID, name and PCI address; NVMLError when it does not answer."""
+    handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+    return Identity(index=index, handle=handle, uuid=as_str(pynvml.nvmlDeviceGetUUID(handle)),
+                    name=as_str(pynvml.nvmlDeviceGetName(handle)),
+                    pci=_optional(lambda: _pci(pynvml.nvmlDeviceGetPciInfo(handle))), generation=generation)
+
+
+def read_device(identity: Identity, integrator: Callable[[str], BusyIntegrator]) -> Device:
+    """One device's memory, utilization and processes under its `identity` (no call asks who it is), with its
+    utilization samples added to `integrator(uuid)`; NVMLError when it does not answer."""
+    handle = identity.handle
+    busy = integrator(identity.uuid)
+    _sample(handle, busy)
+    ratio, window = busy.recent_busy()
+    memory = _memory(handle)
+    return Device(
+        index=str(identity.index),
+        uuid=identity.uuid,
+        name=identity.name,
+        used=float(memory.used),
+        total=float(memory.total),
+        utilization=_optional(lambda: pynvml.nvmlDeviceGetUtilizationRates(handle).gpu / 100.0),
+        processes=_optional(lambda: {
+            p.pid: float(p.usedGpuMemory or 0)
+            for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
+        }),
+        busy_ratio=ratio,
+        busy_window=window,
+        health=read_health(handle),
+        pci=identity.pci,
+    )
 
 
 def _pci(info: Any) -> str:

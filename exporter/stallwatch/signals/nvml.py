@@ -5,7 +5,9 @@ that the GPU collector, the history and the reports share, which makes no NVML c
 A GPU whose firmware stops answering (Xid 119/120, a GSP RPC timeout) makes each call on it block for tens of
 seconds (NVIDIA/open-gpu-kernel-modules#446; `nvidia-smi` and DCGM wedge the same way). Its reader blocks with it;
 once a read has been in flight for `timeout` (or the last one finished longer than `timeout` plus two intervals
-ago), the GPU reads as down and its values are withheld. The other GPUs, and the scrape, are unaffected.
+ago), the GPU reads as down and its values are withheld. The other GPUs, and the scrape, are unaffected. What a GPU
+is (its handle, UUID, name, PCI address: `devices.Identity`) is read once, by its reader's first read, and kept: a GPU
+that hangs later reads down under its own `gpu` and `uuid`, and nothing asks the hung device who it is.
 
 A node with no NVIDIA GPU is not a GPU node whose driver is broken: when NVML's library is not found or the driver is
 not loaded and the node shows no NVIDIA device (`shows_nvidia_gpu`), the snapshot says NVML is not expected there
@@ -30,7 +32,16 @@ from stallwatch.config.reader import setting
 from stallwatch.config.values import LOOP_INTERVAL, positive_duration
 from stallwatch.discovery.workload.rootfs import listdir
 from stallwatch.loops import run_every
-from stallwatch.signals.devices import BusyIntegrator, Device, DeviceFailure, Devices, as_str, read_device
+from stallwatch.signals.devices import (
+    BusyIntegrator,
+    Device,
+    DeviceFailure,
+    Devices,
+    Identity,
+    as_str,
+    identify,
+    read_device,
+)
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +110,8 @@ class Nvml:
         self._busy: dict[str, BusyIntegrator] = {}  # by GPU UUID
         self._survey = _Survey()
         self._readings: dict[int, _Reading] = {}
+        self._identities: dict[int, Identity] = {}  # by index: what each GPU is, from its first answer
+        self._generation = 0  # successful initialisations so far: a handle is good for the one it came from
         self._stop = threading.Event()
 
     def available(self) -> bool:
@@ -128,6 +141,7 @@ class Nvml:
                 self._last_error, self._no_gpu = message, no_gpu
                 return False
             self._initialised = True
+            self._generation += 1
             self._backoff = 1.0
             self._last_error, self._no_gpu = None, False
             log.info("NVML initialised")
@@ -184,11 +198,39 @@ class Nvml:
             return out
 
     def _overdue(self, index: int, reading: _Reading) -> DeviceFailure:
-        uuid = reading.device.uuid if reading.device is not None else ""
         if not reading.overdue:
             reading.overdue = True
             log.warning("GPU %d has not answered NVML for %gs; reported down until it does", index, self.timeout)
-        return DeviceFailure(str(index), uuid, pynvml.NVMLError(pynvml.NVML_ERROR_TIMEOUT))
+        return DeviceFailure(str(index), self._uuid(index), pynvml.NVMLError(pynvml.NVML_ERROR_TIMEOUT))
+
+    def _uuid(self, index: int) -> str:
+        """GPU `index`'s UUID as it last said it ("" when it never answered); under the lock."""
+        identity = self._identities.get(index)
+        return identity.uuid if identity is not None else ""
+
+    def identity(self, index: int) -> Identity | None:
+        """What GPU `index` is, from its last answer (None: it never answered): no NVML call."""
+        with self._lock:
+            return self._identities.get(index)
+
+    def indices(self) -> list[int]:
+        """The GPUs the last survey counted (none while NVML is down)."""
+        with self._lock:
+            return list(range(self._survey.count or 0)) if self._initialised else []
+
+    def answering(self, index: int) -> Identity | None:
+        """GPU `index`'s identity when a call on it may be made now without expecting it to hang: its handle is of
+        the current initialisation, its last read answered, and no read of it is in flight past `timeout`."""
+        now = self._clock()
+        with self._lock:
+            identity, reading = self._identities.get(index), self._readings.get(index)
+            if identity is None or reading is None or not self._initialised or identity.generation != self._generation:
+                return None
+            if reading.device is None or reading.failure is not None or reading.overdue:
+                return None
+            if reading.started is not None and now - reading.started >= self.timeout:
+                return None
+            return identity
 
     def busy_seconds(self, uuid: str) -> float | None:
         with self._lock:
@@ -258,13 +300,18 @@ class Nvml:
         with self._lock:
             reading = self._readings[index]
             reading.started = self._clock()
+            identity, generation = self._identities.get(index), self._generation
         try:
-            device, failure = read_device(index, self._integrator), None
+            if identity is None or identity.generation != generation:
+                identity = self._identify(index, generation)
+            device, failure = read_device(identity, self._integrator), None
         except pynvml.NVMLError as exc:
             if reading.failure is None or type(reading.failure.error) is not type(exc):  # once per episode
                 level = logging.WARNING if isinstance(exc, pynvml.NVMLError_GpuIsLost) else logging.DEBUG
                 log.log(level, "GPU %d did not answer: %s: %s", index, type(exc).__name__, exc)
-            device, failure = None, DeviceFailure(str(index), getattr(exc, "uuid", ""), exc)
+            with self._lock:
+                uuid = self._uuid(index)
+            device, failure = None, DeviceFailure(str(index), uuid, exc)
             self.lost(exc)
         except Exception as exc:  # a bug, or a library that answers nonsense: the collector fails, and says why
             with self._lock:
@@ -276,6 +323,16 @@ class Nvml:
                 log.info("GPU %d answers NVML again", index)
             reading.started, reading.finished, reading.overdue = None, self._clock(), False
             reading.device, reading.failure, reading.broken = device, failure, ""
+
+    def _identify(self, index: int, generation: int) -> Identity:
+        """Ask GPU `index` who it is (once per initialisation of NVML) and keep the answer."""
+        identity = identify(index, generation)
+        with self._lock:
+            known = self._identities.get(index)
+            if known is not None and known.uuid != identity.uuid:
+                log.warning("GPU %d is %s now, was %s", index, identity.uuid, known.uuid)
+            self._identities[index] = identity
+        return identity
 
     def _integrator(self, uuid: str) -> BusyIntegrator:
         with self._lock:

@@ -18,8 +18,10 @@ Events: `"events": [{"id": 1, "gpu": 2, "type": "xid", "data": 79}]` at the top 
 event set that registered its GPU (`type`: xid, unavailable, recovery); `"wait_errors": N`: the first N waits fail
 with NVML_ERROR_UNKNOWN.
 
-`block`: seconds every call on that GPU takes before it answers, as when its firmware stops answering (Xid 119,
-a GSP RPC timeout: each call waits ~45 s, NVIDIA/open-gpu-kernel-modules#446).
+`block`: seconds every call on that GPU (its index, UUID and memory too: the handle's) waits before it fails with
+NVML_ERROR_TIMEOUT, as when its firmware stops answering (Xid 119, a GSP RPC timeout: each call waits ~45 s,
+NVIDIA/open-gpu-kernel-modules#446); a call answers as soon as the scenario lifts `block` (the GPU answers again).
+Event waits do not block (the C fake of ../shared/fakenvml neither: the driver's event fds are not the GPU's RPCs).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import json
 import os
 import sys
 import time
+from typing import NoReturn
 
 _here = os.path.dirname(os.path.abspath(__file__))
 _spec = importlib.machinery.PathFinder.find_spec(
@@ -70,7 +73,7 @@ def _scenario() -> dict:
     return _cache["scenario"]  # type: ignore[return-value]
 
 
-def _fail(code: int) -> None:
+def _fail(code: int) -> NoReturn:
     raise _real.NVMLError(code)
 
 
@@ -87,12 +90,26 @@ def _gpu(handle: _Handle, field: str | None = None) -> dict:
         _fail(_real.NVML_ERROR_GPU_IS_LOST)
     gpu = gpus[handle.index]
     if gpu.get("block"):
-        time.sleep(float(gpu["block"]))
+        gpu = _blocked(handle.index, float(gpu["block"]))
     if gpu.get("lost"):
         _fail(_real.NVML_ERROR_GPU_IS_LOST)
     if field is not None and field in gpu.get("unsupported", []):
         _fail(_real.NVML_ERROR_NOT_SUPPORTED)
     return gpu
+
+
+def _blocked(index: int, seconds: float) -> dict:
+    """Wait as a call on a GPU whose firmware does not answer: NVML_ERROR_TIMEOUT after `seconds`, or the GPU's
+    scenario once `block` is lifted."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+        gpus = _scenario().get("gpus", [])
+        if index >= len(gpus):
+            _fail(_real.NVML_ERROR_GPU_IS_LOST)
+        if not gpus[index].get("block"):
+            return gpus[index]
+    _fail(_real.NVML_ERROR_TIMEOUT)
 
 
 def nvmlInit() -> None:

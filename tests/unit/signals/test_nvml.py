@@ -8,68 +8,21 @@ each test runs them by name, so every read happens when the test says."""
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
-import json
 import logging
-import os
-import sys
 import threading
-from collections.abc import Callable
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 
-from stallwatch.signals import devices as devices_module
-from stallwatch.signals import nvml as nvml_module
 from stallwatch.signals.devices import Devices
 from stallwatch.signals.nvml import MAX_BACKOFF_SECONDS, NO_GPU, UNAVAILABLE, Nvml
 from support.clock import Clock
 from support.harness import gpus
-from support.paths import FAKES
+from support.nvml_inprocess import FakeNvml
 
 WAIT = 5.0  # the most a test waits for a reader it runs in a thread
-
-
-class FakeNvml:
-    """The fake pynvml loaded as `pynvml`, its scenario file, and the loops Nvml asked `run_every` to start."""
-
-    def __init__(self, path: Path, fake: ModuleType) -> None:
-        self.path, self.fake = path, fake
-        self.scenario: dict[str, Any] = {}
-        self.loops: dict[str, Callable[[], None]] = {}
-        self._version = 0
-
-    def update(self, **changes: Any) -> None:
-        self.scenario.update(changes)
-        self.path.write_text(json.dumps(self.scenario))
-        self._version += 1  # a new mtime each time: the fake re-reads the file only when it changes
-        os.utime(self.path, ns=(self._version * 10**9, self._version * 10**9))
-
-    def run_every(self, interval: float, action: Callable[[], None], name: str, *_: object, **__: object) -> None:
-        self.loops[name] = action
-
-    def run(self, name: str) -> None:
-        self.loops[name]()
-
-
-@pytest.fixture
-def fake_nvml(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> FakeNvml:
-    path = tmp_path / "nvml.json"
-    monkeypatch.setenv("STALLWATCH_FAKE_NVML", str(path))
-    spec = importlib.util.spec_from_file_location("pynvml", FAKES / "pynvml.py")
-    assert spec is not None and spec.loader is not None
-    fake = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "pynvml", fake)  # the fake loads the real module while it is `pynvml`
-    spec.loader.exec_module(fake)
-    monkeypatch.setattr(nvml_module, "pynvml", fake)
-    monkeypatch.setattr(devices_module, "pynvml", fake)
-    fake_nvml = FakeNvml(path, fake)
-    monkeypatch.setattr(nvml_module, "run_every", fake_nvml.run_every)
-    fake_nvml.update(driver="550.54.15", gpus=gpus(2, used=40e9, util=50, processes=[{"pid": 1234, "used": 40e9}]))
-    return fake_nvml
 
 
 class Node:
@@ -468,11 +421,68 @@ def test_a_reader_that_raises_other_than_nvml_is_broken(fake_nvml: FakeNvml, mon
     fake_nvml.run("NVML GPU 0")
     fake_nvml.run("NVML GPU 1")
 
-    def nonsense(handle: Any) -> str:
+    def nonsense(handle: Any, *args: Any, **kwargs: Any) -> Any:
         raise ValueError("nonsense")
 
-    monkeypatch.setattr(fake_nvml.fake, "nvmlDeviceGetName", nonsense)
+    monkeypatch.setattr(fake_nvml.fake, "nvmlDeviceGetMemoryInfo", nonsense)  # read each time (the name once)
     with pytest.raises(ValueError):
         fake_nvml.run("NVML GPU 0")  # run_every logs it and goes on
     found = nvml.read_devices()
     assert (found.up, _listed(found), found.broken) == (True, ["1"], ["GPU 0: ValueError: nonsense"])
+
+
+IDENTITY_CALLS = ("nvmlDeviceGetHandleByIndex", "nvmlDeviceGetUUID", "nvmlDeviceGetIndex", "nvmlDeviceGetName",
+                  "nvmlDeviceGetPciInfo")
+
+
+def test_a_gpu_whose_every_call_hangs_keeps_its_name(fake_nvml: FakeNvml, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Xid 119: every call on GPU 0 (its handle, index, UUID and memory as much as its utilization) blocks, then fails
+    with Timeout. It reads down under the UUID it said before, while in flight and after its calls time out, and no
+    call asks it who it is again; the other GPU reads on. Once it answers it is listed again, with the same name."""
+    clock = Clock(100.0)
+    nvml = _started(fake_nvml, clock, timeout=5.0)
+    fake_nvml.run("NVML GPU 0")
+    fake_nvml.run("NVML GPU 1")
+    asked: list[str] = []
+    for name in IDENTITY_CALLS:
+        def spy(*args: Any, _call: Callable[..., Any] = getattr(fake_nvml.fake, name), _name: str = name,
+                **kwargs: Any) -> Any:
+            asked.append(_name)
+            return _call(*args, **kwargs)
+        monkeypatch.setattr(fake_nvml.fake, name, spy)
+    hung = gpus(2, used=40e9, util=50, processes=[{"pid": 1234, "used": 40e9}])
+    hung[0]["block"] = 0.3  # each call: 0.3 s, then NVML_ERROR_TIMEOUT
+    fake_nvml.update(gpus=hung)
+    uuid = gpus(1)[0]["uuid"]
+    fake_nvml.run("NVML GPU 0")
+    fake_nvml.run("NVML GPU 1")
+    found = nvml.read_devices()
+    assert (_listed(found), _failed(found)) == (["1"], [("0", uuid, "NVMLError_Timeout")])
+    assert nvml.identity(0) is not None and nvml.identity(0).uuid == uuid
+    assert nvml.answering(0) is None and nvml.answering(1) is not None
+    clock.now = 120.0  # and long after its last answer: overdue, still under its own UUID
+    assert _failed(nvml.read_devices()) == [("0", uuid, "NVMLError_Timeout"), ("1", gpus(2)[1]["uuid"],
+                                                                               "NVMLError_Timeout")]
+    assert asked == []
+    fake_nvml.update(gpus=gpus(2, used=40e9, util=50))
+    fake_nvml.run("NVML GPU 0")
+    fake_nvml.run("NVML GPU 1")
+    found = nvml.read_devices()
+    assert ([(d.index, d.uuid) for d in found.devices], found.failed) == ([("0", uuid), ("1", gpus(2)[1]["uuid"])], [])
+    assert asked == []
+
+
+def test_a_gpu_is_asked_who_it_is_again_after_nvml_is_initialised_again(fake_nvml: FakeNvml) -> None:
+    """A handle is good for the initialisation it came from: after NVML is lost and initialised again, each GPU's
+    reader asks for a fresh handle, and a GPU not yet read since is not `answering` (no call may be made on it)."""
+    nvml = _started(fake_nvml, Clock())
+    fake_nvml.run("NVML GPU 0")
+    first = nvml.identity(0)
+    assert first is not None and nvml.answering(0) == first
+    fake_nvml.fake.nvmlShutdown()
+    fake_nvml.run("NVML GPU 0")  # Uninitialized: NVML is lost
+    fake_nvml.run("NVML survey")  # initialised again
+    assert nvml.answering(0) is None
+    fake_nvml.run("NVML GPU 0")
+    again = nvml.answering(0)
+    assert again is not None and again.generation == first.generation + 1 and again.uuid == first.uuid
