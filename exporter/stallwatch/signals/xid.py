@@ -1,7 +1,14 @@
-"""Xid errors from NVML's event API, without DCGM or the kernel log: one long-lived thread registers the supported
-subset of `nvmlEventTypeXidCriticalError`, `nvmlEventTypeGpuUnavailableError` and `nvmlEventTypeGpuRecoveryAction`
-on every GPU (`nvmlDeviceRegisterEvents`) and waits on them (`nvmlEventSetWait_v2`, one second at a time, so that
-it stops promptly); on an error other than the wait's timeout it frees the set and builds a new one, with backoff.
+"""Xid errors from NVML's event API, without DCGM or the kernel log: each GPU has its own event set and thread
+(`GpuEvents`), which registers the supported subset of `nvmlEventTypeXidCriticalError`,
+`nvmlEventTypeGpuUnavailableError` and `nvmlEventTypeGpuRecoveryAction` on that GPU (`nvmlDeviceRegisterEvents`) and
+waits on them (`nvmlEventSetWait_v2`, one second at a time, so that it stops promptly); on an error other than the
+wait's timeout it frees its set and builds a new one, with backoff.
+
+A GPU whose firmware stops answering (Xid 119) blocks every call on it for tens of seconds, registration too: one set
+per GPU keeps that to the hung GPU. A GPU registers only while it answers (`Nvml.answering`: its reads are in time),
+so an exporter started while one GPU hangs registers the others at once and the hung one once it answers (said once
+it has waited `gpu.timeout`). An event is counted under the GPU of its set, named from what that GPU said before
+(`devices.Identity`): no call asks a GPU that may hang who it is.
 
 NVML delivers only events that occur after registration ("All events that occurred before this call are not
 recorded", nvml.h) and their data carries no time (the `_v2` struct): the counts start at the exporter's start and
@@ -21,12 +28,14 @@ from dataclasses import dataclass
 
 import pynvml
 
-from stallwatch.signals.devices import as_str
+from stallwatch.loops import run_every
+from stallwatch.signals.devices import Identity
 from stallwatch.signals.nvml import Nvml
 
 log = logging.getLogger(__name__)
 
 WAIT_MS = 1000
+ANSWER_POLL_SECONDS = 0.5  # how often a GPU not yet registered is looked at (no NVML call)
 MAX_BACKOFF_SECONDS = 60.0
 WANTED = (pynvml.nvmlEventTypeXidCriticalError | pynvml.nvmlEventTypeGpuUnavailableError
           | pynvml.nvmlEventTypeGpuRecoveryAction)
@@ -84,81 +93,110 @@ class XidCount:
 
 
 class XidEvents:
-    """Counts of Xid events by GPU and Xid since the exporter started, from one thread on NVML's event API."""
+    """Counts of Xid events by GPU and Xid since the exporter started: the `NVML events` thread starts one
+    `GpuEvents` thread for each GPU the survey counts."""
 
-    def __init__(self, nvml: Nvml, wall: Callable[[], float] = time.time) -> None:
-        self.nvml, self._wall = nvml, wall
+    def __init__(self, nvml: Nvml, wall: Callable[[], float] = time.time,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.nvml, self._wall, self._clock = nvml, wall, clock
         self._lock = threading.Lock()
         self._counts: Counter[tuple[str, str, str]] = Counter()
         self._last: dict[tuple[str, str, str], float] = {}
         self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._gpus: dict[int, GpuEvents] = {}
 
     def counts(self) -> list[XidCount]:
         with self._lock:
             return [XidCount(*key, count, self._last[key]) for key, count in sorted(self._counts.items())]
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="NVML events", daemon=True)
-        self._thread.start()
+        run_every(1.0, self.start_gpus, "NVML events", self._stop)
 
     def stop(self) -> None:
         self._stop.set()
 
-    def _run(self) -> None:
+    def start_gpus(self) -> None:
+        """A thread for each GPU counted that has none yet (no NVML call)."""
+        for index in self.nvml.indices():
+            if index not in self._gpus:
+                self._gpus[index] = GpuEvents(index, self.nvml, self.record, self._stop, self._clock)
+                threading.Thread(target=self._gpus[index].run, name=f"NVML events GPU {index}", daemon=True).start()
+
+    def record(self, identity: Identity, data: object) -> None:
+        """One event from `identity`'s set, counted under the GPU it is."""
+        kind, value = int(data.eventType), int(data.eventData)  # type: ignore[attr-defined]
+        if kind & pynvml.nvmlEventTypeGpuRecoveryAction:
+            log.warning("GPU %d %s: recovery action changed (event data %d)", identity.index, identity.uuid, value)
+            return  # read with the GPU's fields
+        xid = value if kind & pynvml.nvmlEventTypeXidCriticalError else FALLEN_OFF_THE_BUS
+        log.warning("Xid %d on GPU %d %s", xid, identity.index, identity.uuid)
+        key = (str(identity.index), identity.uuid, str(xid))
+        with self._lock:
+            self._counts[key] += 1
+            self._last[key] = self._wall()
+
+
+class GpuEvents:
+    """One GPU's event set on its own thread: registered while the GPU answers, waited on until stopped."""
+
+    def __init__(self, index: int, nvml: Nvml, record: Callable[[Identity, object], None], stop: threading.Event,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.index, self.nvml, self._record, self._stop, self._clock = index, nvml, record, stop, clock
+        self._unsupported: int | None = None  # the NVML initialisation under which this GPU said it has no events
+        self._waiting_since: float | None = None  # for an answer, to register
+        self._said_waiting = False
+
+    def run(self) -> None:
         backoff = 1.0
         while not self._stop.is_set():
-            if not self.nvml.available():
-                self._stop.wait(backoff)
+            identity = self._registrable()
+            if identity is None:
+                self._stop.wait(ANSWER_POLL_SECONDS)
                 continue
             try:
-                self._listen()
+                self._listen(identity)
                 backoff = 1.0
+            except (pynvml.NVMLError_NotSupported, pynvml.NVMLError_NoPermission) as exc:
+                log.info("GPU %d: no NVML events (%s)", self.index, type(exc).__name__)
+                self._unsupported = identity.generation
             except pynvml.NVMLError as exc:
-                log.warning("NVML events stopped (%s: %s); registering again in %.0fs", type(exc).__name__, exc,
-                            backoff)
+                log.warning("NVML events stopped (%s: %s) on GPU %d; registering again in %.0fs", type(exc).__name__,
+                            exc, self.index, backoff)
                 self.nvml.lost(exc)
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, MAX_BACKOFF_SECONDS)
 
-    def _listen(self) -> None:
-        """Register every GPU's supported events, then wait for them until stopped or an error."""
+    def _registrable(self) -> Identity | None:
+        """The GPU's identity when it answers (and has events under this initialisation); else None, said once it
+        has waited `gpu.timeout` for an answer."""
+        identity = self.nvml.answering(self.index)
+        if identity is not None and identity.generation != self._unsupported:
+            self._waiting_since, self._said_waiting = None, False
+            return identity
+        if identity is None and self.index in self.nvml.indices():
+            now = self._clock()
+            self._waiting_since = now if self._waiting_since is None else self._waiting_since
+            if not self._said_waiting and now - self._waiting_since >= self.nvml.timeout:
+                self._said_waiting = True
+                log.warning("GPU %d: NVML events not registered: it has not answered NVML for %gs; its Xids are "
+                            "counted from when it does", self.index, self.nvml.timeout)
+        return None
+
+    def _listen(self, identity: Identity) -> None:
+        """Register the GPU's supported events on a set of its own, then wait for them until stopped or an error."""
         events = pynvml.nvmlEventSetCreate()
         try:
-            registered = 0
-            for index in range(pynvml.nvmlDeviceGetCount()):
-                handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-                try:
-                    mask = pynvml.nvmlDeviceGetSupportedEventTypes(handle) & WANTED
-                    if mask:
-                        pynvml.nvmlDeviceRegisterEvents(handle, mask, events)
-                        registered += 1
-                except (pynvml.NVMLError_NotSupported, pynvml.NVMLError_NoPermission) as exc:
-                    log.info("GPU %d: no NVML events (%s)", index, type(exc).__name__)
-            log.info("NVML events registered on %d GPUs", registered)
+            mask = pynvml.nvmlDeviceGetSupportedEventTypes(identity.handle) & WANTED
+            if not mask:
+                raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+            pynvml.nvmlDeviceRegisterEvents(identity.handle, mask, events)
+            log.info("NVML events registered on GPU %d %s", identity.index, identity.uuid)
             while not self._stop.is_set():
                 try:
                     data = pynvml.nvmlEventSetWait_v2(events, WAIT_MS)
                 except pynvml.NVMLError_Timeout:
                     continue
-                self._record(data)
+                self._record(identity, data)  # the set holds this GPU alone: the event is its own
         finally:
             with contextlib.suppress(pynvml.NVMLError):
                 pynvml.nvmlEventSetFree(events)
-
-    def _record(self, data: object) -> None:
-        kind, value = int(data.eventType), int(data.eventData)  # type: ignore[attr-defined]
-        if kind & pynvml.nvmlEventTypeGpuRecoveryAction:
-            log.warning("GPU recovery action changed (event data %d)", value)  # read with the GPU's fields
-            return
-        xid = value if kind & pynvml.nvmlEventTypeXidCriticalError else FALLEN_OFF_THE_BUS
-        try:
-            index = str(pynvml.nvmlDeviceGetIndex(data.device))  # type: ignore[attr-defined]
-            uuid = as_str(pynvml.nvmlDeviceGetUUID(data.device))  # type: ignore[attr-defined]
-        except pynvml.NVMLError:
-            index, uuid = "", ""  # a GPU that fell off the bus may no longer say who it is
-        log.warning("Xid %d on GPU %s %s", xid, index or "?", uuid)
-        key = (index, uuid, str(xid))
-        with self._lock:
-            self._counts[key] += 1
-            self._last[key] = self._wall()
