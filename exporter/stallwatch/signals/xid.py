@@ -63,8 +63,8 @@ XIDS = {
     79: XidClass("fault", "the GPU has fallen off the bus: reboot the node"),
     95: XidClass("fault", "an uncorrectable ECC error: reset the GPU"),
     109: XidClass("fault", "the GPU stopped processing: reset it"),
-    119: XidClass("fault", "its GSP firmware stopped answering: reset the GPU or reboot"),
-    120: XidClass("fault", "its GSP firmware stopped answering: reset the GPU or reboot"),
+    119: XidClass("fault", "a GSP RPC timeout: its firmware stopped answering; reset the GPU or reboot"),
+    120: XidClass("fault", "a GSP error: its firmware stopped answering; reset the GPU or reboot"),
     140: XidClass("fault", "an uncorrectable ECC error: reset the GPU"),
     154: XidClass("fault", "the driver's recovery action changed"),
 }
