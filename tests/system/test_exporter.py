@@ -173,13 +173,26 @@ def test_not_supported_fields_are_omitted(exporter) -> None:
 
 def test_a_gpu_whose_calls_block_is_down_and_the_scrape_stays_fast(exporter) -> None:
     """Xid 119 (a GSP RPC timeout): every NVML call on one GPU blocks for 45 s (open-gpu-kernel-modules#446). The
-    scrape answers at once: that GPU reads down with its values withheld, the other GPUs and collectors as before."""
+    scrape answers at once: that GPU reads down under its own uuid with its values withheld, the other GPUs and
+    collectors as before. The 119 it posts is counted at once under its gpu and uuid, and another GPU's Xid right
+    after it does not wait behind it (audit 2026-12-02 #3)."""
     nvml = gpus(4)
     e = exporter(nvml={"gpus": nvml}, config="gpu: {sample_interval: 0.2s, timeout: 3s}\n")
     e.wait_for(lambda s: len(s.samples("stallwatch_gpu_memory_used_bytes")) == 4, what="4 GPUs read")
+    cleanup = [{"id": f"45-{index}", "gpu": index, "data": 45} for index in (1, 2)]  # each GPU's events registered
+    e.nvml.update(events=cleanup)
+    e.wait_for(lambda s: len(s.samples("stallwatch_gpu_xid_errors_total")) == 2, what="Xid 45 on GPUs 1 and 2")
     nvml[2]["block"] = 45
     e.nvml.update(gpus=nvml)
     scrape = e.wait_for(lambda s: s.value("stallwatch_gpu_up", gpu="2") == 0 and s, what="GPU 2 down")
+    assert scrape.labelsets("stallwatch_gpu_up")[2] == {"gpu": "2", "uuid": nvml[2]["uuid"]}
+    e.nvml.update(events=[*cleanup, {"id": 1, "gpu": 2, "data": 119}, {"id": 2, "gpu": 1, "data": 79}])
+    posted = time.monotonic()
+    scrape = e.wait_for(lambda s: len(s.samples("stallwatch_gpu_xid_errors_total")) == 4 and s, what="Xids 119, 79")
+    assert time.monotonic() - posted < 20  # not after the hung GPU's 45 s call
+    assert scrape.value("stallwatch_gpu_xid_errors_total", gpu="2", uuid=nvml[2]["uuid"], xid="119") == 1
+    assert scrape.value("stallwatch_gpu_xid_errors_total", gpu="1", uuid=nvml[1]["uuid"], xid="79") == 1
+    assert f"Xid 119 on GPU 2 {nvml[2]['uuid']}" in e.log.read_text()
     assert [ls["gpu"] for ls in scrape.labelsets("stallwatch_gpu_memory_used_bytes")] == ["0", "1", "3"]
     assert [ls["gpu"] for ls in scrape.labelsets("stallwatch_gpu_info")] == ["0", "1", "3"]
     assert scrape.value("stallwatch_gpu_up", gpu="3") == 1 and scrape.value("stallwatch_nvml_up") == 1
