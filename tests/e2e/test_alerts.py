@@ -321,3 +321,50 @@ def test_collective_hang_pages_a_capture_that_draws_power_and_an_idle_spin_do_no
     finally:
         stop.set()
         burster.join()
+
+
+def test_driver_hang_pages_gpu_fault_naming_the_server_the_gpu_and_the_xid(
+    exporter, engine, daemons: list[Daemon], tmp_path: Path
+) -> None:
+    """The driver hang (Xid 119, a GSP RPC timeout): every NVML call on GPU 0 blocks for 45 s
+    (open-gpu-kernel-modules#446), so the exporter reads it down and withholds its values, and the 119 comes from
+    NVML's event API. InferenceServerGpuFault pages the server that held memory on GPU 0, naming the GPU, its UUID
+    and the Xid; the server on GPU 1, which answers, is not paged (audit 2026-12-02 #3)."""
+    hook = Webhook()
+    am_port = alertmanager(daemons, tmp_path, hook)
+    nvml = gpus(2, used=76e9, util=0, power=85, power_limit=700, recovery_action=0)
+    e = exporter(nvml={"gpus": nvml}, config=EXPORTER_CONFIG + "gpu: {sample_interval: 0.2s, timeout: 2s}\n")
+    query = prometheus(daemons, tmp_path, am_port, [f"127.0.0.1:{e.port}"])
+    poll(lambda: query('up{job="stallwatch"} == 1'), timeout=30, what="the first scrape")
+    hung = engine("sglang", t.sglang_healthy(tp=1), final="serve", tp=1)
+    other = engine("sglang", t.sglang_healthy(tp=1), final="serve", tp=1)
+    for gpu, server in enumerate((hung, other)):
+        nvml[gpu]["processes"] = [{"pid": server.proc.pid, "used": 75e9}]
+    e.nvml.update(gpus=nvml)
+    poll(lambda: query(f'stallwatch_server_gpu_memory_used_bytes{{server="{hung.name}",gpu="0"}}'), timeout=30,
+         what="the server's memory on GPU 0 in Prometheus")
+    cleanup = [{"id": "45", "gpu": 0, "data": 45}]  # Xid 45 (cleanup, never alerted on): GPU 0's events registered
+    e.nvml.update(events=cleanup)
+    e.wait_for(lambda s: s.value("stallwatch_gpu_xid_errors_total", gpu="0", xid="45") == 1, what="Xid 45")
+
+    # The hang, then its 119 once the GPU reads down (the driver logs it when the RPC times out): the server's
+    # memory on GPU 0 is withheld by then, and the page joins the 119 to what it held in the last readings.
+    nvml[0]["block"] = 45
+    e.nvml.update(gpus=nvml)
+    poll(lambda: query(f'stallwatch_gpu_up{{gpu="0",uuid="{nvml[0]["uuid"]}"}} == 0')
+         and not query('stallwatch_server_gpu_memory_used_bytes{gpu="0"}'), timeout=30,
+         what="GPU 0 down under its own uuid, its memory withheld")
+    e.nvml.update(events=[*cleanup, {"id": "119", "gpu": 0, "data": 119}])
+    posted = time.time()
+    page = poll(lambda: hook.find("InferenceServerGpuFault", hung.name, "firing"), timeout=60, interval=0.2,
+                what="the GPU fault's page")
+    print(f"driver hang: paged {page['received_at'] - posted:.1f} s after the Xid 119 was posted")
+    labels, uuid = page["labels"], nvml[0]["uuid"]
+    assert (labels["severity"], labels["gpu"], labels["uuid"]) == ("critical", "0", uuid)
+    description = page["annotations"]["description"]
+    assert description.startswith(
+        f"{hung.name} on 127.0.0.1:{e.port} held memory on GPU 0 ({uuid}) in its last readings; the GPU does not "
+        "answer NVML now and reported Xid 119 (a GSP RPC timeout: its firmware stopped answering; reset the GPU or "
+        "reboot) "), description
+    assert "nvidia-smi -r -i 0" in description
+    assert not [a for a in hook.alerts if a["labels"].get("server") == other.name], other.name
