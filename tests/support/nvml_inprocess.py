@@ -43,6 +43,22 @@ class FakeNvml:
     def run(self, name: str) -> None:
         self.loops[name]()
 
+    def spy(self, monkeypatch: pytest.MonkeyPatch, names: tuple[str, ...]) -> list[str]:
+        """From now, each call of the fake's `names` is noted (by name) in the list returned, then made."""
+        called: list[str] = []
+
+        def spying(name: str) -> Callable[..., Any]:
+            call = getattr(self.fake, name)
+
+            def spy(*args: Any, **kwargs: Any) -> Any:
+                called.append(name)
+                return call(*args, **kwargs)
+            return spy
+
+        for name in names:
+            monkeypatch.setattr(self.fake, name, spying(name))
+        return called
+
 
 def load_fake_nvml(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> FakeNvml:
     """The fake as `pynvml` of the NVML signals, with two GPUs of 40 GB held by pid 1234 at 50 %."""

@@ -443,13 +443,7 @@ def test_a_gpu_whose_every_call_hangs_keeps_its_name(fake_nvml: FakeNvml, monkey
     nvml = _started(fake_nvml, clock, timeout=5.0)
     fake_nvml.run("NVML GPU 0")
     fake_nvml.run("NVML GPU 1")
-    asked: list[str] = []
-    for name in IDENTITY_CALLS:
-        def spy(*args: Any, _call: Callable[..., Any] = getattr(fake_nvml.fake, name), _name: str = name,
-                **kwargs: Any) -> Any:
-            asked.append(_name)
-            return _call(*args, **kwargs)
-        monkeypatch.setattr(fake_nvml.fake, name, spy)
+    asked = fake_nvml.spy(monkeypatch, IDENTITY_CALLS)
     hung = gpus(2, used=40e9, util=50, processes=[{"pid": 1234, "used": 40e9}])
     hung[0]["block"] = 0.3  # each call: 0.3 s, then NVML_ERROR_TIMEOUT
     fake_nvml.update(gpus=hung)

@@ -8,7 +8,6 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any
 
 import pytest
 
@@ -65,18 +64,14 @@ def _counts(xid: XidEvents) -> list[tuple[str, str, str, int]]:
     return [(c.gpu, c.uuid, c.xid, c.count) for c in xid.counts()]
 
 
-def _hang(fake_nvml: FakeNvml, index: int, spied: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every call on GPU `index` blocks from now (`block`), and each call that names the GPU is noted in `spied`."""
+def _hang(fake_nvml: FakeNvml, index: int, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every call on GPU `index` blocks from now (`block`); the identity and memory calls made from now, by name."""
+    spied = fake_nvml.spy(monkeypatch, ("nvmlDeviceGetHandleByIndex", "nvmlDeviceGetIndex", "nvmlDeviceGetUUID",
+                                        "nvmlDeviceGetName", "nvmlDeviceGetMemoryInfo"))
     scenario = gpus(3)
     scenario[index]["block"] = HANG
     fake_nvml.update(gpus=scenario)
-    for name in ("nvmlDeviceGetHandleByIndex", "nvmlDeviceGetIndex", "nvmlDeviceGetUUID", "nvmlDeviceGetName",
-                 "nvmlDeviceGetMemoryInfo"):
-        def spy(*args: Any, _call: Callable[..., Any] = getattr(fake_nvml.fake, name), _name: str = name,
-                **kwargs: Any) -> Any:
-            spied.append(_name)
-            return _call(*args, **kwargs)
-        monkeypatch.setattr(fake_nvml.fake, name, spy)
+    return spied
 
 
 def test_the_xid_of_a_hung_gpu_is_counted_at_once_under_its_name_and_others_do_not_wait(
@@ -90,8 +85,7 @@ def test_the_xid_of_a_hung_gpu_is_counted_at_once_under_its_name_and_others_do_n
     cleanup = [{"id": f"45-{index}", "gpu": index, "data": 45} for index in range(3)]
     fake_nvml.update(events=cleanup)
     poll(lambda: len(xid.counts()) == 3, timeout=PROMPTLY, what="every GPU registered")
-    spied: list[str] = []
-    _hang(fake_nvml, 0, spied, monkeypatch)
+    spied = _hang(fake_nvml, 0, monkeypatch)
     fake_nvml.update(events=[*cleanup, {"id": 1, "gpu": 0, "type": "xid", "data": 119},
                              {"id": 2, "gpu": 1, "type": "xid", "data": 79}])
     poll(lambda: len(xid.counts()) == 5, timeout=PROMPTLY, what="both Xids counted")
