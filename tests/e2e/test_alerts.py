@@ -368,3 +368,7 @@ def test_driver_hang_pages_gpu_fault_naming_the_server_the_gpu_and_the_xid(
         "reboot) "), description
     assert "nvidia-smi -r -i 0" in description
     assert not [a for a in hook.alerts if a["labels"].get("server") == other.name], other.name
+    # The server's status page says it too: GPU 0 from its last answer, with its fault.
+    status = _status_page(page["annotations"]["status_url"])
+    assert f"FAILED: GPU 0 ({uuid}) reported Xid 119 x1 " in status, status
+    assert "and it does not answer NVML now" in status and "DOES NOT ANSWER NVML" in status

@@ -46,7 +46,7 @@ def _gpus(case: dict[str, Any]) -> GpuSection:
     return GpuSection(True, "", [
         GpuInfo(str(i), f"GPU-{i}", "NVIDIA H100 80GB HBM3", g.get("held", 76e9), 80e9, g.get("held", 76e9),
                 g.get("utilization", 0.0), g.get("busy", 0.0), 20.0, g.get("power"), g.get("limit"),
-                g.get("recovery"), [_xid(x) for x in g.get("xids", [])])
+                g.get("recovery"), [_xid(x) for x in g.get("xids", [])], g.get("answering", True))
         for i, g in enumerate(gpus)])
 
 

@@ -78,6 +78,8 @@ class GpuInfo:
     power_limit_watts: float | None = None
     recovery_action: int | None = None  # what the driver asks for (nvmlGpuRecoveryAction_t)
     xids: list[XidInfo] = field(default_factory=list)  # the Xids it reported while the exporter watched
+    # False: the GPU does not answer NVML now (hung, lost); its memory figures are from its last answer, the rest None
+    answering: bool = True
 
 
 @dataclass(frozen=True)

@@ -99,7 +99,10 @@ def gpu_section(look: Look, runtime: Runtime) -> GpuSection:
     found = runtime.nvml.read_devices()
     if not found.up:
         return GpuSection(False, found.error)
-    held = {device.index: memory for device, memory in server_memory(look, found.devices)}
+    # A GPU that does not answer now (Xid 119: its calls hang) is shown from its last answer, with what the server
+    # held on it then, so that its fault is still the server's.
+    silent = [f.last for f in found.failed if f.last is not None]
+    held = {device.index: memory for device, memory in server_memory(look, [*found.devices, *silent])}
     events = {(c.uuid, int(c.xid)): c for c in (runtime.xid.counts() if runtime.xid is not None else [])}
     lines = {(line.pci, line.xid): line
              for line in (runtime.kernel_xids.latest() if runtime.kernel_xids is not None else [])}
@@ -108,6 +111,9 @@ def gpu_section(look: Look, runtime: Runtime) -> GpuSection:
                     d.busy_window, d.health.power_watts, d.health.power_limit_watts,
                     None if d.health.recovery_action is None else int(d.health.recovery_action),
                     _xids(d, events, lines, roles)) for d in found.devices]
+    gpus += [GpuInfo(d.index, d.uuid, d.name, d.used, d.total, held.get(d.index), None, None, 0.0,
+                     xids=_xids(d, events, lines, roles), answering=False) for d in silent]
+    gpus.sort(key=lambda g: int(g.index))
     errors = [f"GPU {f.index} did not answer: {type(f.error).__name__}" for f in found.failed]
     return GpuSection(True, "; ".join(errors), gpus)
 

@@ -107,7 +107,8 @@ def describe(s: ServerReport) -> list[str]:
 def _gpu_text(g: GpuSection) -> str:
     if not g.nvml_up:
         return f"GPUs: {g.error}"
-    rows = [f"  GPU {d.index} {d.name}: server holds "
+    rows = [f"  GPU {d.index} {d.name}: " + ("server holds " if d.answering else
+                                             "DOES NOT ANSWER NVML; in its last answer the server held ")
             + (f"{d.server_memory_bytes / 1e9:.1f} GB" if d.server_memory_bytes is not None else "nothing")
             + f", used {d.memory_used_bytes / 1e9:.1f}/{d.memory_total_bytes / 1e9:.1f} GB, utilization "
             + (f"{d.utilization:.0%}" if d.utilization is not None else "n/a")

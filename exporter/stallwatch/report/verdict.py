@@ -68,6 +68,8 @@ def _gpu_fault(report: ServerReport) -> Verdict | None:
         action = g.recovery_action
         if recent or (action is not None and action not in RECOVERY_NOT_FAULTS):
             said = f"GPU {g.index} ({g.uuid}) reported {xid_text(recent[0])}" if recent else f"GPU {g.index} ({g.uuid})"
+            if not g.answering:
+                said += ", and it does not answer NVML now"
             if action:
                 said += f", the driver asks for: {RECOVERY_ACTIONS.get(action, str(action))}"
             return Verdict("failed", said + "; drain the server, then reset the GPU or reboot: it will not recover "

@@ -71,11 +71,13 @@ def pci_address(domain: int, bus: int, device: int) -> str:
 
 @dataclass(frozen=True)
 class DeviceFailure:
-    """A device that did not answer: its index, its UUID when it was ever read (`Identity`), and why."""
+    """A device that did not answer: its index, its UUID when it was ever read (`Identity`), and why. `last`: its
+    last reading that answered, for the reports to say who held memory on it (never exported as current values)."""
 
     index: str
     uuid: str
     error: pynvml.NVMLError
+    last: Device | None = None
 
 
 @dataclass

@@ -17,6 +17,7 @@ not loaded and the node shows no NVIDIA device (`shows_nvidia_gpu`), the snapsho
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import re
@@ -74,6 +75,7 @@ class _Reading:
     started: float | None = None
     finished: float = float("-inf")
     device: Device | None = None
+    answered: Device | None = None  # the last read that answered, kept while the GPU fails (for the reports)
     failure: DeviceFailure | None = None
     overdue: bool = False  # reported as not answering in time (logged once per episode)
     broken: str = ""  # the last read raised something that is not an NVMLError
@@ -190,9 +192,9 @@ class Nvml:
                 if reading.broken:
                     out.broken.append(f"GPU {index}: {reading.broken}")
                 if late or stale:
-                    out.failed.append(self._overdue(index, reading))
+                    out.failed.append(dataclasses.replace(self._overdue(index, reading), last=reading.answered))
                 elif reading.failure is not None:
-                    out.failed.append(reading.failure)
+                    out.failed.append(dataclasses.replace(reading.failure, last=reading.answered))
                 elif reading.device is not None:
                     out.devices.append(reading.device)
             return out
@@ -323,6 +325,7 @@ class Nvml:
                 log.info("GPU %d answers NVML again", index)
             reading.started, reading.finished, reading.overdue = None, self._clock(), False
             reading.device, reading.failure, reading.broken = device, failure, ""
+            reading.answered = device or reading.answered
 
     def _identify(self, index: int, generation: int) -> Identity:
         """Ask GPU `index` who it is (once per initialisation of NVML) and keep the answer."""

@@ -453,6 +453,8 @@ def test_a_gpu_whose_every_call_hangs_keeps_its_name(fake_nvml: FakeNvml, monkey
     found = nvml.read_devices()
     assert (_listed(found), _failed(found)) == (["1"], [("0", uuid, "NVMLError_Timeout")])
     assert nvml.identity(0) is not None and nvml.identity(0).uuid == uuid
+    last = found.failed[0].last  # its last answer, for the reports (who held memory on it), never exported as now
+    assert last is not None and (last.uuid, last.processes) == (uuid, {1234: 40e9})
     assert nvml.answering(0) is None and nvml.answering(1) is not None
     clock.now = 120.0  # and long after its last answer: overdue, still under its own UUID
     assert _failed(nvml.read_devices()) == [("0", uuid, "NVMLError_Timeout"), ("1", gpus(2)[1]["uuid"],
