@@ -207,6 +207,26 @@ def test_a_gpu_whose_calls_block_is_down_and_the_scrape_stays_fast(exporter) -> 
     assert e.scrape().value("stallwatch_gpu_up", gpu="2") == 0
 
 
+def test_an_exporter_started_while_one_gpu_hangs_counts_the_other_gpus_xids(exporter) -> None:
+    """Restarted while GPU 0's calls block (audit 2026-12-02 #4): the other GPUs register their events at once, each
+    on its own, and an Xid on GPU 2 is counted; GPU 0 is said not registered, and counts once it answers."""
+    nvml = gpus(3)
+    nvml[0]["block"] = 45
+    e = exporter(nvml={"gpus": nvml}, config="gpu: {sample_interval: 0.2s, timeout: 2s}\n")
+    e.wait_for(lambda s: s.value("stallwatch_gpu_up", gpu="2") == 1, what="GPU 2 read")
+    e.nvml.update(events=[{"id": 1, "gpu": 2, "data": 48}])
+    e.wait_for(lambda s: s.value("stallwatch_gpu_xid_errors_total", gpu="2", uuid=nvml[2]["uuid"], xid="48") == 1,
+               what="GPU 2's Xid 48")
+    poll(lambda: "GPU 0: NVML events not registered: it has not answered NVML for 2s" in e.log.read_text(),
+         what="GPU 0 said not registered")
+    nvml[0]["block"] = 0
+    e.nvml.update(gpus=nvml)
+    poll(lambda: "NVML events registered on GPU 0" in e.log.read_text(), what="GPU 0 registered once it answers")
+    e.nvml.update(events=[{"id": 1, "gpu": 2, "data": 48}, {"id": 2, "gpu": 0, "data": 119}])
+    e.wait_for(lambda s: s.value("stallwatch_gpu_xid_errors_total", gpu="0", uuid=nvml[0]["uuid"], xid="119") == 1,
+               what="GPU 0's Xid 119")
+
+
 def test_gpu_health_fields_xid_events_and_memory_nobody_watched(exporter, engine) -> None:
     """Power, energy, the driver's recovery action, ECC, remapped rows, PCIe replays and clock event reasons where
     the GPU has them (absent where not); Xid 79 then 119 from NVML's event API, each counted once with its time;
