@@ -156,6 +156,18 @@ CATALOG: dict[str, Family] = {
         "gauge", "Rank processes (schedulers, workers) of the member's tree that live now.", ("server",)),
     "deployment_member_ranks_started": Family(
         "gauge", "The most rank processes the member's tree has had in this launch.", ("server",)),
+    # Prefill/decode disaggregated groups (only their members and routers)
+    "pd_member_info": Family(
+        "gauge", "The server is a member of a prefill/decode disaggregated group: the group's key (the same on every "
+        "member; empty when no router, config or Dynamo graph names it) and its role (prefill, decode or router); "
+        "always 1.", ("server", "pd_group", "pd_role")),
+    "router_metrics_up": Family(
+        "gauge", "1 when the router's own metrics page answered its last fetch, 0 when it failed.", ("server",)),
+    "router_worker_up": Family(
+        "gauge", "The router's own view of each worker: 1 healthy, 0 not (its health checks, its circuit breaker).",
+        ("server", "worker")),
+    "router_requests_running": Family(
+        "gauge", "Requests the router has in flight over its workers, as it last reported them.", ("server",)),
     # Thresholds
     "stall_gpu_memory_threshold_bytes": Family(
         "gauge", "GPU memory above which the server counts as loaded (config stall.gpu_memory_bytes).",

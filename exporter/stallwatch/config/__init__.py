@@ -29,6 +29,7 @@ from stallwatch.config.values import (
     gpu_index,
     log_path,
     log_regex,
+    pd_group,
     positive_duration,
     string,
     url,
@@ -118,6 +119,8 @@ class ServerSpec:
     gpus: tuple[int, ...] | None = None  # None: auto, from NVML's process list
     stall: Stall = Stall()
     rules: tuple[Rule, ...] = ()  # extra log patterns, ahead of the engine's
+    # The prefill/decode disaggregated group the server is a member of (`discovery.pd`); None: as found.
+    pd_group: str | None = None
 
 
 @dataclass(frozen=True)
@@ -158,7 +161,8 @@ def _rule_list(r: Reader, node: yaml.Node, path: str, **meaning: str | bool) -> 
 
 
 def _server(r: Reader, node: yaml.Node, path: str, defaults: Defaults) -> ServerSpec:
-    keys = r.mapping(node, path, {"name", "engine", "match", "logs", "probes", "gpus", "stall", "patterns"})
+    keys = r.mapping(node, path, {"name", "engine", "match", "logs", "probes", "gpus", "stall", "patterns",
+                                  "pd_group"})
     if "engine" not in keys:
         raise r.fail(node, f"{path}.engine", "missing; expected one of " + ", ".join(ENGINES))
     engine = r.scalar(keys["engine"], f"{path}.engine", choice(tuple(ENGINES)))
@@ -186,6 +190,7 @@ def _server(r: Reader, node: yaml.Node, path: str, defaults: Defaults) -> Server
         gpus=gpus,
         stall=r.struct(keys.get("stall"), f"{path}.stall", defaults.stall),
         rules=_patterns(r, keys["patterns"], f"{path}.patterns") if "patterns" in keys else (),
+        pd_group=r.scalar(keys["pd_group"], f"{path}.pd_group", pd_group) if "pd_group" in keys else None,
     )
 
 

@@ -23,6 +23,18 @@ def string(value: Any) -> str:
     return value
 
 
+PD_GROUP = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/-]{0,199}")
+
+
+def pd_group(value: Any) -> str:
+    """A PD group's name: the same on every node's config for one group, quoted into PromQL selectors of alert
+    templates, so letters, digits and `._:/-` only."""
+    text = string(value)
+    if not PD_GROUP.fullmatch(text):
+        raise ValueError(f"expected a group name of letters, digits and ._:/- (at most 200), got {text!r}")
+    return text
+
+
 def log_path(value: Any) -> str:
     text = string(value)
     if "\0" in text:  # the OS refuses it at every open, which would stop every server's logs

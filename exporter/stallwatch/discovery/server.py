@@ -25,6 +25,7 @@ import psutil
 from stallwatch.config import Config, Probe, ServerSpec
 from stallwatch.discovery import namespaces, netns
 from stallwatch.discovery.deployment import Member, environ_keys, membership, read_environ
+from stallwatch.discovery.pd import DYNAMO_KEYS, PdPlace, place
 from stallwatch.discovery.processes import (
     Candidate,
     CpuLedger,
@@ -79,6 +80,7 @@ class Launch:
     log_sizes: tuple[tuple[str, int], ...] = ()
     held_logs: HeldLogs = field(default_factory=HeldLogs, compare=False)  # its log files, open since it was found
     member: Member | None = None  # its place in a deployment over several nodes; None on one node
+    pd: PdPlace | None = None  # its role in a prefill/decode disaggregated group; None when it has none
     uid: int | None = None  # the real uid of its main process
     ledger: CpuLedger = field(default_factory=CpuLedger, compare=False)  # per-role CPU of this launch's tree
 
@@ -139,6 +141,10 @@ class Server:
     def port(self) -> int | None:
         return self.launch.port
 
+    @property
+    def procfs(self) -> str:
+        return self._config.paths.procfs
+
     def follows(self, candidate: Candidate) -> bool:
         """Whether `candidate` is the main process as it was attached: the same process with the same command line
         (an `exec` keeps the pid and start time and changes the program, its port and its flags)."""
@@ -156,15 +162,21 @@ class Server:
             except psutil.Error:
                 return False
             argv = candidate.argv
-            environ = read_environ(self._config.paths.procfs, candidate.pid, environ_keys(self.engine))
+            environ = read_environ(self._config.paths.procfs, candidate.pid, (*environ_keys(self.engine),
+                                                                                  *DYNAMO_KEYS))
             member = membership(self.engine, argv, environ)
             host, port = self.engine.listen_address(argv, environ)
+            pd = place(self.engine, argv, environ, self.spec.pd_group, self.engine.model(argv))
+            previous = self.launch.pd
+            if key == self.launch.key and pd is not None and not pd.routes and previous is not None:
+                # The same process retitled itself (SGLang's router: `sglang::router`): its flags as first read stand.
+                pd = dataclasses.replace(pd, routes=previous.routes)
             launch = Launch(
                 key=key, process=process, argv=argv, workload=workload, host=host, port=port,
                 model=printable(self.engine.model(argv)), tensor_parallel=self.engine.tensor_parallel(argv),
                 probes=self.launch.probes,
                 log_sources=self.launch.log_sources if self.spec.logs else log_sources(
-                    self._config.paths, candidate.pid, workload), member=member, uid=owner(candidate.pid))
+                    self._config.paths, candidate.pid, workload), member=member, pd=pd, uid=owner(candidate.pid))
             launch = dataclasses.replace(launch, log_sizes=_sizes(launch.log_sources),
                                          held_logs=HeldLogs(launch.log_sources if self._hold_logs else ()))
             if key == self.launch.key:  # the same process exec'd: its CPU so far stays counted
@@ -213,16 +225,17 @@ class Server:
         found = netns.listening(self._config.paths.procfs, launch.key.pid, launch.port)
         return None if found is None else tuple(found)
 
-    def own_listeners(self, launch: Launch | None = None) -> list[netns.Socket]:
-        """The LISTEN sockets on the server's port that its own process tree holds (socket inodes of its
-        network namespace's table matched against the tree's `/proc/PID/fd` links): `[]` when nothing of the
-        server listens there, whatever else does."""
+    def own_listeners(self, launch: Launch | None = None, port: int | None = None) -> list[netns.Socket]:
+        """The LISTEN sockets on the server's port (or `port`: another of its own, a router's metrics port) that its
+        own process tree holds (socket inodes of its network namespace's table matched against the tree's
+        `/proc/PID/fd` links): `[]` when nothing of the server listens there, whatever else does."""
         launch = launch or self.launch
         main, key = launch.process, launch.key
-        if launch.port is None or main is None or key is None or not _running(main):
+        port = launch.port if port is None else port
+        if port is None or main is None or key is None or not _running(main):
             return []
         procfs = self._config.paths.procfs
-        sockets = netns.listeners(procfs, key.pid, launch.port)
+        sockets = netns.listeners(procfs, key.pid, port)
         if not sockets:
             return []
         pids = [main.pid, *self.table.descendants(main.pid)]
@@ -237,8 +250,8 @@ class Server:
         engine's address variable, `OLLAMA_HOST`) only the port is used, and an IP host as the guess of the bind
         until the server listens: never a name or a path."""
         host, port = launch.host, launch.port
-        if port is None or launch.key is None:
-            return ()
+        if port is None or launch.key is None or not self.engine.health_path:
+            return ()  # no health URL (a router whose `/health` is a constant): never probed
         pid, procfs = launch.key.pid, self._config.paths.procfs
         owned = [s.address for s in self.own_listeners(launch)] if launch.listening else []
         binds = list(dict.fromkeys(owned)) or [host if _is_ip(host) else "127.0.0.1"]

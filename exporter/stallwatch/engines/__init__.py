@@ -11,13 +11,16 @@ from stallwatch.engines import (
     lmdeploy,
     ollama,
     sglang,
+    sglang_router,
     tgi,
     trtllm,
     vllm,
+    vllm_proxy,
     xinference,
 )
 from stallwatch.engines.base import Engine
 
 ENGINES: dict[str, Engine] = {e.name: e for e in (sglang.ENGINE, vllm.ENGINE, tgi.ENGINE, llamacpp.ENGINE,
                                                   ollama.ENGINE, trtllm.ENGINE, lmdeploy.ENGINE, aphrodite.ENGINE,
-                                                  *dynamo.ENGINES, xinference.ENGINE, generic.ENGINE)}
+                                                  *dynamo.ENGINES, xinference.ENGINE, sglang_router.ENGINE,
+                                                  vllm_proxy.ENGINE, generic.ENGINE)}

@@ -3,10 +3,12 @@ children, which log lines move the startup phase or count as events, and where i
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import NamedTuple
+from urllib.parse import urlsplit
 
 PHASES = (
     "stopped",
@@ -19,6 +21,8 @@ PHASES = (
     "failed",
 )
 EVENTS = ("fatal", "nccl_timeout", "oom", "stall_warning", "server_restart")
+PD_ROLES = ("prefill", "decode")
+
 
 
 @dataclass(frozen=True)
@@ -169,6 +173,118 @@ class StatsLine:
 
 
 @dataclass(frozen=True)
+class Disaggregation:
+    """How a server of a prefill/decode disaggregated deployment says its role on its command line: a flag whose
+    value is the role word (`role_values`: word, lower case, to `prefill` | `decode`; others are no role), a flag
+    that is the role alone (`--is-prefill-worker`), or a key of a JSON flag (`--kv-transfer-config
+    '{"kv_role": ...}'`, also given as `--kv-transfer-config.kv_role ...`)."""
+
+    role_flags: tuple[str, ...] = ()
+    role_values: tuple[tuple[str, str], ...] = ()
+    prefill_flags: tuple[str, ...] = ()
+    decode_flags: tuple[str, ...] = ()
+    json_flags: tuple[str, ...] = ()
+    json_key: str = ""
+
+    def role(self, argv: Sequence[str]) -> str:
+        """`prefill`, `decode`, or "" when the command line names neither."""
+        words = dict(self.role_values)
+        word = flag_value(argv, self.role_flags)
+        if word is not None and words.get(word.lower()):
+            return words[word.lower()]
+        if any(arg in self.prefill_flags for arg in argv):
+            return "prefill"
+        if any(arg in self.decode_flags for arg in argv):
+            return "decode"
+        if self.json_key:
+            word = flag_value(argv, tuple(f"{flag}.{self.json_key}" for flag in self.json_flags))
+            if word is None:
+                word = _json_key(flag_value(argv, self.json_flags), self.json_key)
+            return words.get(word.lower(), "") if word else ""
+        return ""
+
+
+@dataclass(frozen=True)
+class HostList:
+    """A router's flags that list the servers of one role as hosts and ports that pair up in order (the vLLM toy
+    proxy's `--prefiller-hosts a b --prefiller-ports 8100 8101`), one port for every host when only one is given,
+    the router's defaults when neither is."""
+
+    role: str
+    host_flags: tuple[str, ...]
+    port_flags: tuple[str, ...]
+    default_host: str
+    default_port: int
+
+    def members(self, argv: Sequence[str]) -> list[tuple[str, str, int]]:
+        hosts = flag_list(argv, self.host_flags) or [self.default_host]
+        ports = [whole_number(p) for p in flag_list(argv, self.port_flags)] or [self.default_port]
+        if len(ports) == 1:
+            ports = ports * len(hosts)
+        return [(self.role, host, port) for host, port in zip(hosts, ports, strict=False) if port]
+
+
+@dataclass(frozen=True)
+class Router:
+    """A PD router's command line and its own view. `member_flags` (flag, role) each take a worker URL and, for a
+    prefill, an optional bootstrap port after it (`--prefill http://P:30000 8998 --decode http://D:30001`), and
+    repeat; `host_lists` list hosts and ports. Its metrics page is on a port of its own (`metrics_port_flags`, else
+    `metrics_default_port`; none with a `no_metrics_flags` flag): `worker_health` 1/0 per worker (its label among
+    `worker_labels`) is its view of its workers, `running` its requests in flight."""
+
+    member_flags: tuple[tuple[str, str], ...] = ()
+    host_lists: tuple[HostList, ...] = ()
+    metrics_port_flags: tuple[str, ...] = ()
+    metrics_default_port: int | None = None
+    no_metrics_flags: tuple[str, ...] = ()
+    worker_health: str = ""
+    worker_labels: tuple[str, ...] = ()
+    running: str = ""
+
+    def members(self, argv: Sequence[str]) -> list[tuple[str, str, int]]:
+        """(role, host, port) of each server the command line lists, in order."""
+        out: list[tuple[str, str, int]] = []
+        for flag, role in self.member_flags:
+            for value in flag_values(argv, (flag,)):
+                host, port = _url_address(value)
+                if port is not None:
+                    out.append((role, host, port))
+        for listed in self.host_lists:
+            out += listed.members(argv)
+        return out
+
+    def metrics_port(self, argv: Sequence[str]) -> int | None:
+        if not self.worker_health or any(arg in self.no_metrics_flags for arg in argv):
+            return None
+        port = whole_number(flag_value(argv, self.metrics_port_flags))
+        return port if port is not None and 0 < port < 65536 else self.metrics_default_port
+
+
+def _json_key(text: str | None, key: str) -> str | None:
+    """A string value of `key` in a JSON object flag; None when it is not one."""
+    if not text or len(text) > 64 * 1024:
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    found = value.get(key) if isinstance(value, dict) else None
+    return found if isinstance(found, str) else None
+
+
+def _url_address(text: str) -> tuple[str, int | None]:
+    """Host and port of a worker URL as a router is given it (`http://host:port`, `host:port`)."""
+    parts = urlsplit(text if "//" in text else f"//{text}")
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    if port is None and parts.scheme in ("http", "https"):
+        port = 443 if parts.scheme == "https" else 80
+    return parts.hostname or "", port
+
+
+@dataclass(frozen=True)
 class Rendezvous:
     """An address every node of one multi-node deployment is given on its command line: `host_flags` name a
     `host:port` value (`--dist-init-addr`), or a host whose port is in `port_flags` (`--master-addr` and
@@ -261,6 +377,8 @@ class Engine:
     # What the engine writes before each line of its own (its logger's prefix), a regex that may match nothing:
     # a traceback's lines are read past it (`logs.tracebacks`).
     line_prefix: bytes = b""
+    disaggregation: Disaggregation | None = None  # None: the engine has no PD roles
+    router: Router | None = None  # a PD router: the servers it pairs are on its command line
 
     def all_rules(self) -> tuple[Rule, ...]:
         return self.rules + COMMON_RULES
@@ -326,6 +444,34 @@ def whole_number(text: str | None) -> int | None:
 def heartbeats(*regexes: str) -> re.Pattern[bytes]:
     """One pattern for the lines that are heartbeats, not progress."""
     return re.compile("|".join(f"(?:{r})" for r in regexes).encode())
+
+
+def flag_values(argv: Sequence[str], flags: Sequence[str]) -> list[str]:
+    """Every value of a repeated flag (`--decode URL --decode URL`)."""
+    out = []
+    for i, arg in enumerate(argv):
+        for flag in flags:
+            if arg == flag and i + 1 < len(argv):
+                out.append(argv[i + 1])
+            elif arg.startswith(flag + "="):
+                out.append(arg[len(flag) + 1:])
+    return out
+
+
+def flag_list(argv: Sequence[str], flags: Sequence[str]) -> list[str]:
+    """The values after a flag that takes a list (`--prefiller-hosts a b c`), up to the next flag; the last
+    such flag wins, as argparse's `nargs="+"`."""
+    out: list[str] = []
+    for i, arg in enumerate(argv):
+        if arg in flags:
+            out = []
+            for value in argv[i + 1:]:
+                if value.startswith("-"):
+                    break
+                out.append(value)
+        elif any(arg.startswith(flag + "=") for flag in flags):
+            out = [arg.split("=", 1)[1]]
+    return out
 
 
 def flag_value(argv: Sequence[str], flags: Sequence[str]) -> str | None:

@@ -4,7 +4,16 @@
 
 import re
 
-from stallwatch.engines.base import CHECKPOINT_SHARDS, Engine, MetricsSpec, MultiNode, Rendezvous, StatsLine, rule
+from stallwatch.engines.base import (
+    CHECKPOINT_SHARDS,
+    Disaggregation,
+    Engine,
+    MetricsSpec,
+    MultiNode,
+    Rendezvous,
+    StatsLine,
+    rule,
+)
 
 ENGINE = Engine(
     name="sglang",
@@ -39,6 +48,9 @@ ENGINE = Engine(
     # Its logger's `[YYYY-MM-DD HH:MM:SS TPn] ` (`srt/utils/common.py` `configure_logger`); a traceback it logs
     # follows the message's first line unprefixed.
     line_prefix=rb"(?:\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d[^\]\n]*\] )?",
+    # `--disaggregation-mode null|prefill|decode` (`srt/arg_groups/fields/disagg.py:55-58`).
+    disaggregation=Disaggregation(role_flags=("--disaggregation-mode",),
+                                  role_values=(("prefill", "prefill"), ("decode", "decode"))),
     multinode=MultiNode(
         rendezvous=(Rendezvous(("--dist-init-addr", "--nccl-init-addr")),),
         rank_role=re.compile(r"^scheduler"), nnodes_flags=("--nnodes",), node_rank_flags=("--node-rank",)),

@@ -6,6 +6,7 @@ import re
 
 from stallwatch.engines.base import (
     CHECKPOINT_SHARDS,
+    Disaggregation,
     Engine,
     MetricsSpec,
     MultiNode,
@@ -29,6 +30,11 @@ ENGINE = Engine(
     # per DP engine (labels `model_name`, `engine="N"`); always served at `/metrics` on the API port.
     metrics=MetricsSpec(running="vllm:num_requests_running", waiting="vllm:num_requests_waiting",
                         tokens="vllm:generation_tokens_total"),
+    # `--kv-transfer-config '{"kv_connector": "NixlConnector", "kv_role": "kv_producer"}'` or dotted
+    # `--kv-transfer-config.kv_role kv_consumer` (`config/kv_transfer.py`); `kv_both` says no role (the NIXL doc:
+    # the proxy's lists fix the roles then, `docs/features/nixl_connector_usage.md@026c83f`).
+    disaggregation=Disaggregation(json_flags=("--kv-transfer-config",), json_key="kv_role",
+                                  role_values=(("kv_producer", "prefill"), ("kv_consumer", "decode"))),
     stats_lines=(
         # `vllm/v1/metrics/loggers.py:276-337` LoggingStatLogger, every VLLM_LOG_STATS_INTERVAL (10 s), DEBUG when
         # idle: `Engine 000: Avg prompt throughput: %.1f tokens/s, Avg generation throughput: %.1f tokens/s,

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 import math
-import re
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -32,16 +31,15 @@ from stallwatch.loops import PerServerLoops
 from stallwatch.signals.loaded_models import read_models
 from stallwatch.signals.page_address import page_url
 from stallwatch.signals.probes import fetch
+from stallwatch.signals.router_page import RouterView, read_router
+from stallwatch.signals.textformat import PAIRS as _PAIRS
+from stallwatch.signals.textformat import SAMPLE as _SAMPLE
+from stallwatch.signals.textformat import sample_lines as _sample_lines
 
 log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 4 << 20
 MAX_SAMPLES = 1024  # of one family: a real engine has one per rank or DP engine
-# The text format (prometheus/docs exposition_formats.md): `name{label="value",...} value [timestamp]`.
-_PAIR = rb'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\\n]|\\.)*)"'
-_PAIRS = re.compile(_PAIR)
-_SAMPLE = re.compile(rb"(?:\{(?P<labels>(?:" + _PAIR + rb"[ \t]*,?[ \t]*)*)\})?"
-                     rb"[ \t]+(?P<value>\S+)(?:[ \t]+-?\d+)?[ \t\r]*")  # the rest of a line after the name
 
 
 @dataclass(frozen=True)
@@ -53,11 +51,6 @@ class EngineMetricsSettings(CollectorSettings):
 
 
 _Groups = dict[tuple[tuple[bytes, bytes], ...], float]
-
-
-def _sample_lines(names: Sequence[str]) -> re.Pattern[bytes]:
-    """The lines of exactly these sample names (a longer name that begins with one is another family's)."""
-    return re.compile(rb"^(" + b"|".join(re.escape(name.encode()) for name in names) + rb")([{ \t].*)$", re.M)
 
 
 def _add(groups: _Groups, name: str, rest: bytes, same_over: set[bytes]) -> None:
@@ -73,20 +66,25 @@ def _add(groups: _Groups, name: str, rest: bytes, same_over: set[bytes]) -> None
     groups[key] = max(groups.get(key, value), value)
 
 
-def parse_page(page: str | bytes, spec: MetricsSpec) -> tuple[float, float, float]:
-    """Running, waiting and generated tokens from an engine's metrics page, each summed over label sets after the
-    largest value over `spec.same_over`; ValueError when one is missing, not finite or has too many samples."""
-    data = page.encode() if isinstance(page, str) else page
-    names = (spec.running, spec.waiting, spec.tokens)
+def _sums(data: bytes, names: Sequence[str], same_over: set[bytes]) -> dict[str, _Groups]:
+    """Each name's groups of samples (see `_add`)."""
     groups: dict[str, _Groups] = {name: {} for name in names}
     samples = dict.fromkeys(names, 0)
-    same_over = {label.encode() for label in spec.same_over}
     for line in _sample_lines(names).finditer(data):
         name = line.group(1).decode()
         samples[name] += 1
         if samples[name] > MAX_SAMPLES:
             raise ValueError(f"more than {MAX_SAMPLES} samples of {name}")
         _add(groups[name], name, line.group(2), same_over)
+    return groups
+
+
+def parse_page(page: str | bytes, spec: MetricsSpec) -> tuple[float, float, float]:
+    """Running, waiting and generated tokens from an engine's metrics page, each summed over label sets after the
+    largest value over `spec.same_over`; ValueError when one is missing, not finite or has too many samples."""
+    data = page.encode() if isinstance(page, str) else page
+    names = (spec.running, spec.waiting, spec.tokens)
+    groups = _sums(data, names, {label.encode() for label in spec.same_over})
     missing = [name for name in names if not groups[name]]
     if missing:
         raise ValueError(f"no samples of {', '.join(missing)}")
@@ -121,6 +119,7 @@ class PageState:
     loop_up: bool | None = None  # the engine's main loop answered (`MetricsSpec.through_loop`); None: unknown
     figures: Figures | None = None  # the last figures read, tokens made monotonic
     counter: MonotonicCounter = field(default_factory=MonotonicCounter)
+    router: RouterView | None = None  # a router's view of its workers, as last read
     error: str = ""
     # Bytes of GPU memory by model the engine has loaded (`Engine.loaded_models`), from its last fetch; None: no such
     # page, or its last fetch failed.
@@ -196,12 +195,14 @@ class EnginePageManager:
     def _step(self, server: Server, state: PageState) -> None:
         page = self.read_now(server)
         models, models_error = read_models(server, self.timeout)
+        router = read_router(server, self.timeout) if server.engine.router is not None else None
         with state.lock:
             state.models = models
             if models_error and models_error != state.models_error:
                 log.warning("loaded models of %s: %s", server.name, models_error)
             state.models_error = models_error
             state.up, state.loop_up = page.up, page.loop_up
+            state.router = router
             if page.figures is not None:
                 running, waiting, tokens = page.figures
                 total = state.counter.update(tokens, server.launch.key)
@@ -217,7 +218,8 @@ class EnginePageManager:
         for state in self._loops.states():
             with state.lock:
                 out.append(PageState(state.server, state.up, state.loop_up, state.figures, error=state.error,
-                                     models=dict(state.models) if state.models is not None else None))
+                                     models=dict(state.models) if state.models is not None else None,
+                                     router=state.router))
         return out
 
     def state(self, server: Server) -> PageState | None:

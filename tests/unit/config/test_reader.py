@@ -58,6 +58,8 @@ def _fuzzed(rng: random.Random) -> str:
          "expected an http"),
         ("web:\n  show_evidence: maybe\n", 2, "web.show_evidence", "expected true or false"),
         ("web:\n  history_interval: 0s\n", 2, "web.history_interval", "expected"),
+        ("servers:\n  - engine: sglang\n    pd_group: 'kimi\"} or vector(1)'\n", 3, "servers[0].pd_group",
+         "expected a group name"),
     ],
 )
 def test_bad_config_names_file_line_key_and_reason(text: str, line: int, key: str, reason: str) -> None:
@@ -65,6 +67,11 @@ def test_bad_config_names_file_line_key_and_reason(text: str, line: int, key: st
         parse(text, file="c.yml")
     assert str(error.value).startswith(f"c.yml:{line}: {key}: "), error.value
     assert reason in str(error.value)
+
+
+def test_a_configured_pd_group_is_kept() -> None:
+    assert parse("servers:\n  - {engine: sglang, pd_group: llm/kimi-pd}\n").servers[0].pd_group == "llm/kimi-pd"
+    assert parse("servers:\n  - {engine: sglang}\n").servers[0].pd_group is None
 
 
 def test_invalid_yaml_names_its_line() -> None:

@@ -1,0 +1,51 @@
+"""PD collector: each prefill/decode disaggregated group's members by role and group (`discovery.pd`), and each
+router's own view of its workers. Only PD members and routers appear: another server adds nothing here."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+
+from prometheus_client.core import Metric
+
+from stallwatch.collectors.base import Registration
+from stallwatch.collectors.catalog import family
+from stallwatch.config import CollectorSettings
+from stallwatch.discovery.pd import Seen, groups
+from stallwatch.discovery.watcher import Watcher
+from stallwatch.signals.engine_page import EnginePageManager, PageState
+
+
+class PdCollector:
+    def __init__(self, watcher: Watcher, pages: EnginePageManager | None, node: str | None = None) -> None:
+        self.watcher, self.pages = watcher, pages
+        self.node = node or socket.gethostname()
+
+    def collect(self) -> Iterator[Metric]:
+        info = family("pd_member_info")
+        router_up, worker_up, running = (family("router_metrics_up"), family("router_worker_up"),
+                                         family("router_requests_running"))
+        states: dict[str, PageState] = {s.server: s for s in self.pages.states()} if self.pages is not None else {}
+        looks = [server.look() for server in self.watcher.servers()]
+        seen = [Seen(look.name, look.launch.pd, look.launch.host, look.launch.port,
+                     tuple(view.workers) if (view := getattr(states.get(look.name), "router", None)) else ())
+                for look in looks if look.launch.pd is not None]
+        keys = groups(seen, self.node)
+        for s in seen:
+            info.add_metric([s.name, keys[s.name], s.place.role], 1.0)
+        for look in looks:
+            if look.launch.pd is None:
+                continue
+            state = states.get(look.name)
+            if state is not None and state.router is not None:
+                router_up.add_metric([look.name], 1.0 if state.router.up else 0.0)
+                for worker, value in sorted(state.router.workers.items()):
+                    worker_up.add_metric([look.name, worker], value)
+                if state.router.running is not None:
+                    running.add_metric([look.name], state.router.running)
+        yield from (info, router_up, worker_up, running)
+
+
+COLLECTOR = Registration("pd", CollectorSettings,
+                         lambda runtime, _: PdCollector(runtime.watcher, runtime.engine_pages),
+                         "each prefill/decode disaggregated group's members and routers")

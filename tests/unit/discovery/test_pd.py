@@ -1,0 +1,49 @@
+"""PD groups: a member's key in order of trust (configured, the Dynamo graph, the Dynamo namespace and model, a router
+on the node that lists it), and no group where nothing says."""
+
+from __future__ import annotations
+
+from stallwatch.discovery.pd import PdPlace, Seen, groups, place
+from stallwatch.engines import ENGINES
+
+SGLANG = ENGINES["sglang"]
+PREFILL = ["--disaggregation-mode", "prefill", "--port", "30000"]
+DYNAMO = {"DYN_PARENT_DGD_K8S_NAMESPACE": "llm", "DYN_PARENT_DGD_K8S_NAME": "kimi-disagg", "DYN_NAMESPACE": "llm-kimi"}
+
+
+def test_the_key_is_taken_in_order_of_trust() -> None:
+    assert place(SGLANG, PREFILL, DYNAMO, "kimi", "m") == PdPlace("prefill", "kimi")
+    assert place(SGLANG, PREFILL, DYNAMO, None, "m") == PdPlace("prefill", "llm/kimi-disagg")
+    assert place(SGLANG, PREFILL, {"DYN_NAMESPACE": "llm-kimi"}, None, "moonshotai/Kimi-K2") == PdPlace(
+        "prefill", "llm-kimi/moonshotai/Kimi-K2")
+    assert place(SGLANG, PREFILL, {}, None, "m") == PdPlace("prefill", "")
+    assert place(SGLANG, ["--tp", "8"], DYNAMO, "kimi", "m") is None  # no PD role: no member, whatever else says
+
+
+def test_a_key_from_the_environment_is_cut_to_address_characters() -> None:
+    found = place(SGLANG, PREFILL, {"DYN_NAMESPACE": 'x"} or vector(1)'}, None, "m")
+    assert found is not None and '"' not in found.key and " " not in found.key
+
+
+def _router(*members: tuple[str, str, int], key: str = "") -> PdPlace:
+    return PdPlace("router", key, members)
+
+
+def test_a_router_on_the_node_groups_the_members_it_lists_and_only_those() -> None:
+    seen = [Seen("p", PdPlace("prefill"), "127.0.0.1", 30000), Seen("d", PdPlace("decode"), "0.0.0.0", 30001),
+            Seen("elsewhere", PdPlace("decode"), "0.0.0.0", 30002),
+            Seen("router", _router(("prefill", "127.0.0.1", 30000), ("decode", "localhost", 30001)), "0.0.0.0", 8000)]
+    assert groups(seen, "node-a") == {"p": "node-a/router", "d": "node-a/router", "router": "node-a/router",
+                                      "elsewhere": ""}
+
+
+def test_a_router_whose_flags_are_gone_reads_its_members_from_its_metrics_page() -> None:
+    seen = [Seen("p", PdPlace("prefill"), "127.0.0.1", 30000),
+            Seen("router", _router(), "0.0.0.0", 8000, workers=("http://127.0.0.1:30000",))]
+    assert groups(seen, "n")["p"] == "n/router"
+
+
+def test_a_router_joins_the_group_its_members_are_configured_in_and_a_remote_host_is_not_a_member() -> None:
+    seen = [Seen("p", PdPlace("prefill", "kimi"), "127.0.0.1", 30000), Seen("d", PdPlace("decode"), "0.0.0.0", 30001),
+            Seen("router", _router(("prefill", "127.0.0.1", 30000), ("decode", "10.0.0.9", 30001)), "0.0.0.0", 8000)]
+    assert groups(seen, "n") == {"p": "kimi", "d": "", "router": "kimi"}
