@@ -161,6 +161,12 @@ CATALOG: dict[str, Family] = {
         "gauge", "The server is a member of a prefill/decode disaggregated group: the group's key (the same on every "
         "member; empty when no router, config or Dynamo graph names it) and its role (prefill, decode or router); "
         "always 1.", ("server", "pd_group", "pd_role")),
+    "engine_requests_pending": Family(
+        "gauge", "Requests a PD member holds outside running and waiting, by stage (bootstrap: a prefill waits for the "
+        "decode side's handshake; inflight: prefilled, KV being sent; prealloc: a decode waits for KV memory; "
+        "transfer: it waits for the KV data), as it last reported them.", (*ENGINE, "stage")),
+    "engine_kv_transfers_total": Family(
+        "counter", "KV transfers the PD member completed; never decreases across an engine restart.", ENGINE),
     "router_metrics_up": Family(
         "gauge", "1 when the router's own metrics page answered its last fetch, 0 when it failed.", ("server",)),
     "router_worker_up": Family(

@@ -188,6 +188,7 @@ class Server:
             self._ranks_started = 0
             self.launch = launch
         self.interpreter.use(self._worker_engine if member is not None and member.worker else self.engine)
+        self.interpreter.track_pending(pd.role if pd is not None else "")
         self.interpreter.process_started(candidate.create_time)
         return True
 

@@ -20,9 +20,12 @@ PHASES = (
     "serving",
     "failed",
 )
-EVENTS = ("fatal", "nccl_timeout", "oom", "stall_warning", "server_restart")
+EVENTS = ("fatal", "nccl_timeout", "oom", "stall_warning", "server_restart", "kv_transfer_failure")
 PD_ROLES = ("prefill", "decode")
-
+# Where a request of a prefill/decode (PD) disaggregated deployment waits outside running and waiting: a prefill
+# server's `bootstrap` (for the decode side's handshake) and `inflight` (prefilled, KV being sent), a decode
+# server's `prealloc` (for KV memory) and `transfer` (for the KV data).
+PENDING_STAGES = ("bootstrap", "inflight", "prealloc", "transfer")
 
 
 @dataclass(frozen=True)
@@ -142,6 +145,11 @@ class MetricsSpec:
     # The engine's main loop answers the page itself (llama.cpp posts it as a task and waits): a fetch that times out
     # is a request the loop holds unanswered, while its HTTP threads (and `/health`) may still answer.
     through_loop: bool = False
+    # PD disaggregation, read where the page has them (a server that is no PD member has none): requests pending in
+    # each stage (`PENDING_STAGES`), a stage's samples by name or `name{label="value"}`, summed as above; and the
+    # counters whose sum is the KV transfers completed (a histogram's `_count`).
+    pending: tuple[tuple[str, str], ...] = ()
+    transfers: tuple[str, ...] = ()
 
     def served(self, argv: Sequence[str]) -> bool:
         return (not self.needs_flag or any(arg in self.needs_flag for arg in argv)) and not any(
@@ -170,6 +178,17 @@ class StatsLine:
     anchor: bytes
     pattern: re.Pattern[bytes]
     max_interval: float = 10.0
+
+
+@dataclass(frozen=True)
+class PendingLine:
+    """A log line that gives requests pending in PD stages (SGLang's `#bootstrap-req: N, #inflight-req: M` in its
+    prefill batch lines): `anchor` a literal every such line holds, `pattern` with a group per stage it gives (named
+    as in `PENDING_STAGES`) and optionally `rank` (a DP group's own line)."""
+
+    anchor: bytes
+    pattern: re.Pattern[bytes]
+    role: str = ""  # the PD role whose lines these are ("" any): a server looks only for its own role's lines
 
 
 @dataclass(frozen=True)
@@ -378,6 +397,7 @@ class Engine:
     # a traceback's lines are read past it (`logs.tracebacks`).
     line_prefix: bytes = b""
     disaggregation: Disaggregation | None = None  # None: the engine has no PD roles
+    pending_lines: tuple[PendingLine, ...] = ()  # its lines that give PD stages' pending requests
     router: Router | None = None  # a PD router: the servers it pairs are on its command line
 
     def all_rules(self) -> tuple[Rule, ...]:

@@ -10,9 +10,29 @@ from stallwatch.engines.base import (
     Engine,
     MetricsSpec,
     MultiNode,
+    PendingLine,
     Rendezvous,
     StatsLine,
+    heartbeats,
     rule,
+)
+
+# Prefill/decode disaggregation, strings as in SGLang 0.5.23 (`srt/disaggregation/...`; research/disaggregation.md
+# section 1): the lines that say a KV transfer or its handshake failed, on either side. Per request, unlike the
+# `warning_once` summaries (`Some requests timed out when bootstrapping...`), so they recur while the stall lasts.
+KV_TRANSFER_FAILURES = (
+    # D: its heartbeat to P's bootstrap server missed twice (`common/conn.py:2054-2107`).
+    r"Lost connection with prefill instance \(bootstrap_addr: ",
+    # `prefill.py:1285-1300,1353-1368`, `decode.py:1152-1170,2860-2884`.
+    r"(?:Prefill|Decode) transfer failed for request rank=|Prefill bootstrap failed for request rank=",
+    r"Decode handshake failed for request rank=",
+    # Mooncake's failed-session probe on P (`mooncake/conn.py:2596-2606,2740-2748`).
+    r"remote mooncake session \S+ is not alive|\bSession \S+ failed\.",
+    r"NIXL transport error for room ",  # `nixl/conn.py:1930`
+    r"Could not fetch prefill parallel info from ",  # `decode.py:1206-1213`
+    # Each request that timed out (`common/conn.py:2385-2407,2888-2905`).
+    r"Request \S+ timed out after [\d.]+s in KVPoll\.(?:Bootstrapping|WaitingForInput)",
+    r"Context corruption detected: Request ",  # `decode.py:2656-2664`
 )
 
 ENGINE = Engine(
@@ -31,7 +51,13 @@ ENGINE = Engine(
     # over those, then DP groups are summed.
     metrics=MetricsSpec(running="sglang:num_running_reqs", waiting="sglang:num_queue_reqs",
                         tokens="sglang:generation_tokens_total", needs_flag=("--enable-metrics",),
-                        same_over=("tp_rank", "pp_rank")),
+                        same_over=("tp_rank", "pp_rank"),
+                        # PD queues and completed transfers (`metrics_collector.py:582-604,637-699`).
+                        pending=(("bootstrap", "sglang:num_prefill_bootstrap_queue_reqs"),
+                                 ("inflight", "sglang:num_prefill_inflight_queue_reqs"),
+                                 ("prealloc", "sglang:num_decode_prealloc_queue_reqs"),
+                                 ("transfer", "sglang:num_decode_transfer_queue_reqs")),
+                        transfers=("sglang:kv_transfer_latency_ms_count",)),
     stats_lines=(
         # `srt/managers/scheduler_components/metrics_reporter.py:963`, every `--decode-log-interval` (40) decode
         # steps of the (attention) TP rank 0 of each DP group: `[time DP0 TP0] Decode batch, #running-req: N,
@@ -51,6 +77,19 @@ ENGINE = Engine(
     # `--disaggregation-mode null|prefill|decode` (`srt/arg_groups/fields/disagg.py:55-58`).
     disaggregation=Disaggregation(role_flags=("--disaggregation-mode",),
                                   role_values=(("prefill", "prefill"), ("decode", "decode"))),
+    # Batch lines of a PD server (`metrics_reporter.py:766-772,1023-1029`): `Prefill batch, ..., #pending-token: 0,
+    # #bootstrap-req: 0, #inflight-req: 1, ...` and `Decode batch, ..., pre-allocated usage: 0.18, #prealloc-req: 0,
+    # #transfer-req: 22, #retracted-req: 0, ...`; printed only while a batch runs.
+    pending_lines=(
+        PendingLine(anchor=b"#bootstrap-req: ", pattern=re.compile(
+            rb"\[[^\]\n]*?(?: DP(?P<rank>\d+)[^\]\n]*)?\] Prefill batch[^\n]*?#bootstrap-req: (?P<bootstrap>\d+), "
+            rb"#inflight-req: (?P<inflight>\d+)"), role="prefill"),
+        PendingLine(anchor=b"#prealloc-req: ", pattern=re.compile(
+            rb"\[[^\]\n]*?(?: DP(?P<rank>\d+)[^\]\n]*)?\] Decode batch[^\n]*?#prealloc-req: (?P<prealloc>\d+), "
+            rb"#transfer-req: (?P<transfer>\d+)"), role="decode"),
+    ),
+    # The D side's heartbeat to a P that does not answer, every 5 s until it gives up (`common/conn.py:477-485`).
+    heartbeats=heartbeats(r"Attempting to reconnect to \S+\.\.\."),
     multinode=MultiNode(
         rendezvous=(Rendezvous(("--dist-init-addr", "--nccl-init-addr")),),
         rank_role=re.compile(r"^scheduler"), nnodes_flags=("--nnodes",), node_rank_flags=("--node-rank",)),
@@ -96,5 +135,9 @@ ENGINE = Engine(
         rule(r"Received sigquit from a child process|SIGQUIT received\.", phase="failed", event="fatal"),
         rule(r"Scheduler watchdog timeout", phase="failed", event="fatal"),
         rule(r"Health check failed\. Server couldn't get a response", event="stall_warning"),
+        # PD warmup uses a fake bootstrap host and may fail, and the server still prints `fired up`
+        # (`srt/entrypoints/http_server.py:2505-2530,2589-2600`).
+        rule(r"Disaggregation warmup failed \(mode=", event="stall_warning"),
+        *(rule(line, event="kv_transfer_failure") for line in KV_TRANSFER_FAILURES),
     ),
 )

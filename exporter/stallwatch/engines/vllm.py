@@ -10,6 +10,7 @@ from stallwatch.engines.base import (
     Engine,
     MetricsSpec,
     MultiNode,
+    PendingLine,
     Rendezvous,
     StatsLine,
     heartbeats,
@@ -29,12 +30,22 @@ ENGINE = Engine(
     # `vllm/v1/metrics/loggers.py` PrometheusStatLogger: gauges and the counter (text format `_total`), one series
     # per DP engine (labels `model_name`, `engine="N"`); always served at `/metrics` on the API port.
     metrics=MetricsSpec(running="vllm:num_requests_running", waiting="vllm:num_requests_waiting",
-                        tokens="vllm:generation_tokens_total"),
+                        tokens="vllm:generation_tokens_total",
+                        # A KV consumer's fetches by stage (`v1/metrics/loggers.py:571-591`) and NIXL's completed
+                        # transfers (`kv_connector/v1/nixl/stats.py:188-276`, a histogram).
+                        pending=(("prealloc", 'vllm:num_requests_kv_fetch_by_stage{stage="waiting_to_start"}'),
+                                 ("transfer", 'vllm:num_requests_kv_fetch_by_stage{stage="in_progress"}')),
+                        transfers=("vllm:nixl_xfer_time_seconds_count",)),
     # `--kv-transfer-config '{"kv_connector": "NixlConnector", "kv_role": "kv_producer"}'` or dotted
     # `--kv-transfer-config.kv_role kv_consumer` (`config/kv_transfer.py`); `kv_both` says no role (the NIXL doc:
     # the proxy's lists fix the roles then, `docs/features/nixl_connector_usage.md@026c83f`).
     disaggregation=Disaggregation(json_flags=("--kv-transfer-config",), json_key="kv_role",
                                   role_values=(("kv_producer", "prefill"), ("kv_consumer", "decode"))),
+    # The stats line's `KV fetch: {a} waiting to start, {b} in progress, {c} completed waiting` on a KV consumer
+    # (`v1/metrics/loggers.py:303-308`; DEBUG while idle, as the line it ends).
+    pending_lines=(PendingLine(anchor=b"KV fetch: ", pattern=re.compile(
+        rb"(?:Engine (?P<rank>\d+): )?Avg prompt throughput[^\n]*?KV fetch: (?P<prealloc>\d+) waiting to start, "
+        rb"(?P<transfer>\d+) in progress"), role="decode"),),
     stats_lines=(
         # `vllm/v1/metrics/loggers.py:276-337` LoggingStatLogger, every VLLM_LOG_STATS_INTERVAL (10 s), DEBUG when
         # idle: `Engine 000: Avg prompt throughput: %.1f tokens/s, Avg generation throughput: %.1f tokens/s,
@@ -118,5 +129,10 @@ ENGINE = Engine(
         rule(r"RPC call to \S+ timed out|Timed out waiting for engine core processes", phase="failed", event="fatal"),
         rule(r"No available shared memory broadcast block found", event="stall_warning"),
         rule(r"No available memory for the cache blocks", event="oom"),
+        # NIXL's failures, per request (`kv_connector/v1/nixl/base_worker.py:1335-1384`), and P's lease that ran out
+        # before D read its blocks (`:3367-3374`).
+        rule(r"NIXL transfer failure: (?:handshake_setup_failed|handshake_failed|transfer_failed|transfer_exception|"
+             r"transfer_release_failed|notification_failed)", event="kv_transfer_failure"),
+        rule(r"Releasing expired KV blocks for request \S+ which were retrieved by", event="kv_transfer_failure"),
     ),
 )

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from stallwatch.engines.base import EVENTS, Engine, Figures, Rule
 from stallwatch.logs import tracebacks
 from stallwatch.logs.formats import ANSI
+from stallwatch.logs.pending_lines import PendingReader
 from stallwatch.logs.prefilter import SHARDS, compile_rules, line_bounds, strip_groups
 from stallwatch.logs.stats_lines import StatsLineIntegrator
 
@@ -62,6 +63,7 @@ class PhaseSnapshot:
     launches: int  # launches seen, the replayed ones included
     figures: Figures | None  # running, waiting and generated tokens from the stats lines; None before the first
     stop_requested: bool  # the current launch logged that it was asked to stop (a stop line, Ctrl-C's traceback)
+    pending: dict[str, float] | None = None  # a PD member's pending requests by stage from its batch lines
 
 
 @dataclass
@@ -107,6 +109,7 @@ class LogInterpreter:
         self._main_banner_seen = False  # a banner that is no `second_banner`, in this launch
         self._last_progress: float | None = None  # when a line that is not a heartbeat last came
         self._stats = StatsLineIntegrator(engine.stats_lines)
+        self._pending = PendingReader(())  # none until the server is known to be a PD member (`track_pending`)
         self._timeline: list[str] = [self._phase]  # the phases of the current launch, in order
         self._traceback: tracebacks.Open | None = None  # one whose end is in a block not read yet
         self.tap = tap
@@ -124,6 +127,7 @@ class LogInterpreter:
                 self._judge_open(self._read_traceback(block, 0, self._traceback))
             # Read before the bulk skip below drops the stats lines; counted after the block's launch lines.
             stats = self._stats.read(block) if count_events and self._stats.lines else []
+            pending = self._pending.read(block) if count_events and self._pending.lines else []
             if self._phase == "serving" and self._matcher.routine_lines is not None:
                 block = self._matcher.routine_lines.sub(b"", block)
             events = self._scan(block, count_events)
@@ -131,6 +135,8 @@ class LogInterpreter:
                 self._count(events)
             if stats:
                 self._stats.apply(stats, self._wall())
+            if pending:
+                self._pending.apply(pending)
 
     def _scan(self, block: bytes, count_events: bool) -> list[str]:
         """Run the candidate lines through the rules; the events they count, one per line and event."""
@@ -258,6 +264,7 @@ class LogInterpreter:
         self._shards = ShardBars()
         self._fatal_in_launch = self._stopping = self._banner_seen = self._main_banner_seen = False
         self._stats.relaunched()
+        self._pending.relaunched()
         self._enter("launching")
         self._timeline = ["launching"]
 
@@ -274,6 +281,14 @@ class LogInterpreter:
         matcher = Matcher(engine)
         with self._lock:
             self._engine, self._matcher = engine, matcher
+
+    def track_pending(self, role: str) -> None:
+        """Read the engine's pending-stage lines of a PD member of this role ("" none): each is one more look at each
+        byte of a block (its anchor searched from the end), paid only by PD members."""
+        lines = tuple(line for line in self._engine.pending_lines if role and line.role in ("", role))
+        with self._lock:
+            if lines != self._pending.lines:
+                self._pending = PendingReader(lines)
 
     # -- other signals ---------------------------------------------------------------------------------
     def process_started(self, create_time: float) -> None:
@@ -312,4 +327,4 @@ class LogInterpreter:
         with self._lock:
             return PhaseSnapshot(self._phase, self._since, *self._shards.progress(), dict(self._events),
                                  dict(self._last_events_at), self._last_progress, tuple(self._timeline),
-                                 self._launches, self._stats.figures(), self._stopping)
+                                 self._launches, self._stats.figures(), self._stopping, self._pending.pending())

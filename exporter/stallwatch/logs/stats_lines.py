@@ -8,6 +8,7 @@ window: engines print no line while idle, so a longer gap is idle time, not gene
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from stallwatch.engines.base import Figures, StatsLine
@@ -16,27 +17,33 @@ from stallwatch.logs.prefilter import line_bounds
 MAX_STATS_LINES = 64  # per block, read back from its end: the last line of each rank
 
 
-def last_stats(block: bytes, line: StatsLine) -> dict[bytes, tuple[int, int, float]]:
-    """The last stats line of each rank in `block`, read back from its end (a busy SGLang block holds thousands
-    of `Decode batch` lines: only the last ones are parsed): rank -> (running, waiting, throughput)."""
-    out: dict[bytes, tuple[int, int, float]] = {}
+def last_matches(block: bytes, anchor: bytes, pattern: re.Pattern[bytes]) -> dict[bytes, re.Match[bytes]]:
+    """The last line of each rank in `block` that holds `anchor` and matches `pattern` (its `rank` group, if any),
+    read back from its end (a busy SGLang block holds thousands of batch lines: only the last ones are parsed)."""
+    out: dict[bytes, re.Match[bytes]] = {}
     pos = len(block)
     for _ in range(MAX_STATS_LINES):
-        at = block.rfind(line.anchor, 0, pos)
+        at = block.rfind(anchor, 0, pos)
         if at < 0:
             break
         newline = block.find(b"\n", at)
         start, end = line_bounds(block, 0, at, len(block) if newline < 0 else newline)
         pos = start
-        match = line.pattern.search(block, start, end)
+        match = pattern.search(block, start, end)
         if match is None:
             continue
-        rank = match.group("rank") if "rank" in line.pattern.groupindex else None
+        rank = match.group("rank") if "rank" in pattern.groupindex else None
         key = rank.lstrip(b"0") if rank else b""
         if key in out:
             break  # every rank seen since: what is further back is older
-        out[key] = (int(match.group("running")), int(match.group("waiting")), float(match.group("throughput")))
+        out[key] = match
     return out
+
+
+def last_stats(block: bytes, line: StatsLine) -> dict[bytes, tuple[int, int, float]]:
+    """The last stats line of each rank in `block`: rank -> (running, waiting, throughput)."""
+    return {rank: (int(m.group("running")), int(m.group("waiting")), float(m.group("throughput")))
+            for rank, m in last_matches(block, line.anchor, line.pattern).items()}
 
 
 @dataclass

@@ -66,8 +66,18 @@ def _add(groups: _Groups, name: str, rest: bytes, same_over: set[bytes]) -> None
     groups[key] = max(groups.get(key, value), value)
 
 
-def _sums(data: bytes, names: Sequence[str], same_over: set[bytes]) -> dict[str, _Groups]:
-    """Each name's groups of samples (see `_add`)."""
+def _selector(text: str) -> tuple[str, tuple[bytes, bytes] | None]:
+    """A sample name and the one label it is limited to: `name{label="value"}`, or a bare name."""
+    name, brace, rest = text.partition("{")
+    if not brace:
+        return name, None
+    label, _, value = rest.rstrip("}").partition("=")
+    return name, (label.encode(), value.strip('"').encode())
+
+
+def _sums(data: bytes, names: Sequence[str], same_over: set[bytes],
+          only: dict[str, tuple[bytes, bytes] | None] | None = None) -> dict[str, _Groups]:
+    """Each name's groups of samples (see `_add`); `only` limits a name to the samples with one label value."""
     groups: dict[str, _Groups] = {name: {} for name in names}
     samples = dict.fromkeys(names, 0)
     for line in _sample_lines(names).finditer(data):
@@ -75,8 +85,43 @@ def _sums(data: bytes, names: Sequence[str], same_over: set[bytes]) -> dict[str,
         samples[name] += 1
         if samples[name] > MAX_SAMPLES:
             raise ValueError(f"more than {MAX_SAMPLES} samples of {name}")
+        wanted = (only or {}).get(name)
+        if wanted is not None and wanted not in _PAIRS.findall(line.group(2).split(b"}", 1)[0]):
+            continue
         _add(groups[name], name, line.group(2), same_over)
     return groups
+
+
+class PdFigures(NamedTuple):
+    """A PD member's figures from its page: requests pending by stage (those the page has), and the KV transfers
+    it completed (None: the page has no such counter)."""
+
+    pending: dict[str, float]
+    transfers: float | None
+
+
+def parse_pd(page: str | bytes, spec: MetricsSpec) -> PdFigures | None:
+    """The PD figures of `spec.pending` and `spec.transfers` that the page has; None when it has none (a server
+    that is no PD member, or an engine without them); ValueError as `parse_page`."""
+    if not spec.pending and not spec.transfers:
+        return None
+    data = page.encode() if isinstance(page, str) else page
+    selectors = {stage: _selector(text) for stage, text in spec.pending}
+    # One name may be several stages (vLLM's `kv_fetch_by_stage{stage=...}`): each stage reads its own lines.
+    pending: dict[str, float] = {}
+    same_over = {label.encode() for label in spec.same_over}
+    for stage, (name, only) in selectors.items():
+        groups = _sums(data, [name], same_over, {name: only})[name]
+        if groups:
+            pending[stage] = sum(groups.values())
+    transfers = _sums(data, spec.transfers, same_over)
+    found = [sum(groups.values()) for groups in transfers.values() if groups]
+    values = [*pending.values(), *found]
+    if not all(math.isfinite(value) for value in values):
+        raise ValueError("PD figures that are not finite")
+    if not pending and not found:
+        return None
+    return PdFigures(pending, sum(found) if found else None)
 
 
 def parse_page(page: str | bytes, spec: MetricsSpec) -> tuple[float, float, float]:
@@ -119,6 +164,9 @@ class PageState:
     loop_up: bool | None = None  # the engine's main loop answered (`MetricsSpec.through_loop`); None: unknown
     figures: Figures | None = None  # the last figures read, tokens made monotonic
     counter: MonotonicCounter = field(default_factory=MonotonicCounter)
+    pending: dict[str, float] | None = None  # a PD member's pending requests by stage, as last read
+    transfers: float | None = None  # its KV transfers completed, made monotonic
+    transfer_counter: MonotonicCounter = field(default_factory=MonotonicCounter)
     router: RouterView | None = None  # a router's view of its workers, as last read
     error: str = ""
     # Bytes of GPU memory by model the engine has loaded (`Engine.loaded_models`), from its last fetch; None: no such
@@ -148,6 +196,7 @@ class Page(NamedTuple):
     # For a page the engine's main loop serves: True when it answered (any HTTP status), False when the fetch timed
     # out; None otherwise (another engine, refused, not fetched).
     loop_up: bool | None = None
+    pd: PdFigures | None = None  # a PD member's pending requests and transfers, where the page has them
 
 
 def read_page(server: Server, timeout: float) -> Page:
@@ -171,9 +220,14 @@ def read_page(server: Server, timeout: float) -> Page:
     if body is None:
         return Page(False, None, f"GET {url}: the page is over {MAX_BODY_BYTES} bytes", loop_up)
     try:
-        return Page(True, parse_page(body, spec), "", loop_up)
+        figures = parse_page(body, spec)
     except ValueError as exc:
         return Page(False, None, f"GET {url}: {exc}", loop_up)
+    try:
+        pd = parse_pd(body, spec)
+    except ValueError as exc:  # the engine's own figures stand without them
+        return Page(True, figures, f"GET {url}: PD figures: {exc}", loop_up)
+    return Page(True, figures, "", loop_up, pd)
 
 
 class EnginePageManager:
@@ -207,6 +261,10 @@ class EnginePageManager:
                 running, waiting, tokens = page.figures
                 total = state.counter.update(tokens, server.launch.key)
                 state.figures = Figures(running, waiting, total, self._wall())
+                state.pending = page.pd.pending if page.pd is not None else None
+                transfers = page.pd.transfers if page.pd is not None else None
+                state.transfers = (None if transfers is None
+                                   else state.transfer_counter.update(transfers, server.launch.key))
             if page.error and page.error != state.error:
                 log.warning("engine metrics of %s: %s", server.name, page.error)
             elif not page.error and state.error:
@@ -219,7 +277,7 @@ class EnginePageManager:
             with state.lock:
                 out.append(PageState(state.server, state.up, state.loop_up, state.figures, error=state.error,
                                      models=dict(state.models) if state.models is not None else None,
-                                     router=state.router))
+                                     pending=state.pending, transfers=state.transfers, router=state.router))
         return out
 
     def state(self, server: Server) -> PageState | None:

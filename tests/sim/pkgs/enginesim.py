@@ -98,21 +98,58 @@ def child(title: str, parent: int, burn_seconds: float) -> None:
 
 class Work:
     """What a serving engine reports about its work: requests split over `ranks` (DP engines, SGLang DP groups)
-    and a generated-tokens counter growing at `throughput` tokens/s from when serving began."""
+    and a generated-tokens counter growing at `throughput` tokens/s from when serving began. A PD member
+    (`role` from its `--disaggregation-mode` or `kv_role`) reports its requests `pending` by stage and a counter of
+    KV transfers completed growing at `transfers_rate` a second. With `work_file`, the spec is read again from that
+    file whenever it changes (a test moves the engine on: a transfer that stops), the counters going on from where
+    they were."""
 
-    def __init__(self, engine: str, spec: dict) -> None:
-        self.engine, self.spec = engine, spec
+    def __init__(self, engine: str, spec: dict, role: str = "", work_file: str | None = None) -> None:
+        self.engine, self.role, self.work_file = engine, role, work_file
+        self._spec, self._stamp = spec, None
         self.ranks = int(spec.get("ranks", 1))
-        self.started = time.monotonic()
+        self._lock = threading.Lock()
+        self._at = time.monotonic()
+        self._tokens = float(spec.get("tokens_start", 0))
+        self._transfers = float(spec.get("transfers_start", 0))
+
+    @property
+    def spec(self) -> dict:
+        if self.work_file is not None:
+            try:
+                stamp = os.stat(self.work_file).st_mtime_ns
+                if stamp != self._stamp:
+                    with open(self.work_file) as handle:
+                        spec = json.load(handle)
+                    self._advance()  # what the old rates made until now
+                    self._spec, self._stamp = spec, stamp
+            except (OSError, ValueError):
+                pass
+        return self._spec
+
+    def _advance(self) -> None:
+        with self._lock:
+            now = time.monotonic()
+            self._tokens += float(self._spec.get("throughput", 0.0)) * (now - self._at)
+            self._transfers += float(self._spec.get("transfers_rate", 0.0)) * (now - self._at)
+            self._at = now
 
     def split(self, key: str) -> list[float]:
         total = float(self.spec.get(key, 0))
         return [total / self.ranks] * self.ranks
 
     def tokens(self) -> list[float]:
-        made = float(self.spec.get("tokens_start", 0)) + float(self.spec.get("throughput", 0.0)) * (
-            time.monotonic() - self.started)
-        return [int(made) / self.ranks] * self.ranks
+        self.spec  # noqa: B018 (a changed spec first)
+        self._advance()
+        return [int(self._tokens) / self.ranks] * self.ranks
+
+    def transfers(self) -> float:
+        self.spec  # noqa: B018
+        self._advance()
+        return float(int(self._transfers))
+
+    def pending(self, stage: str) -> float:
+        return float(self.spec.get("pending", {}).get(stage, 0))
 
     def page(self) -> bytes:
         out = PAGES[self.engine](self)
@@ -126,9 +163,13 @@ class Work:
 
     def stats_lines(self) -> str:
         if self.engine not in STATS_LINES or not (self.spec.get("running") or self.spec.get("waiting")):
-            return ""  # idle: vLLM logs its stats at DEBUG, SGLang logs no batch
+            return ""  # idle: vLLM logs its stats at DEBUG, SGLang logs no batch (nor while it only waits on KV)
         clock = time.strftime("%H:%M:%S")
         rows = zip(self.split("running"), self.split("waiting"), self.split("throughput"), strict=True)
+        if self.role in PD_STATS_LINES.get(self.engine, {}):
+            line = PD_STATS_LINES[self.engine][self.role]
+            return "".join(line(clock, rank, int(running), int(waiting), throughput, self.ranks, self)
+                           for rank, (running, waiting, throughput) in enumerate(rows))
         return "".join(STATS_LINES[self.engine](clock, rank, int(running), int(waiting), throughput, self.ranks)
                        for rank, (running, waiting, throughput) in enumerate(rows))
 
@@ -155,17 +196,40 @@ def _vllm_page(work: Work) -> str:
     return _per_engine_page(work, "vllm:", "meta-llama/Llama-3.1-70B")
 
 
+# SGLang's PD queues and transfer histogram (`srt/observability/metrics_collector.py:582-604,637-699`), with the
+# `engine_type` label of a PD server (`srt/disaggregation/utils.py:150-161`).
+SGLANG_PD_SERIES = (
+    ("sglang:num_prefill_bootstrap_queue_reqs", "bootstrap", "The number of requests in the prefill bootstrap queue."),
+    ("sglang:num_prefill_inflight_queue_reqs", "inflight", "The number of requests in the prefill inflight queue."),
+    ("sglang:num_decode_prealloc_queue_reqs", "prealloc", "The number of requests in the decode prealloc queue."),
+    ("sglang:num_decode_transfer_queue_reqs", "transfer", "The number of requests in the decode transfer queue."),
+)
+
+
 def _sglang_page(work: Work) -> str:
     """`srt/observability/metrics_collector.py`: every TP rank of a DP group repeating its figures (as with
     `--enable-metrics-for-all-schedulers`)."""
+    engine_type = work.role or "unified"
+
     def rows(values: list[float]) -> list[tuple[str, float]]:
-        return [(f'{{dp_rank="{dp}",engine_type="unified",model_name="moonshotai/Kimi-K2-Instruct",pp_rank="0",'
+        return [(f'{{dp_rank="{dp}",engine_type="{engine_type}",model_name="moonshotai/Kimi-K2-Instruct",pp_rank="0",'
                  f'tp_rank="{tp}"}}', value) for dp, value in enumerate(values) for tp in range(2)]
-    return (_series("sglang:num_running_reqs", "gauge", "The number of running requests.", rows(work.split("running")))
+    page = (_series("sglang:num_running_reqs", "gauge", "The number of running requests.", rows(work.split("running")))
             + _series("sglang:num_queue_reqs", "gauge", "The number of requests in the waiting queue.",
                       rows(work.split("waiting")))
             + _series("sglang:generation_tokens_total", "counter", "Number of generation tokens processed.",
                       rows(work.tokens())))
+    if work.role or "pending" in work.spec:
+        for name, stage, help_text in SGLANG_PD_SERIES:
+            page += _series(name, "gauge", help_text, rows([work.pending(stage) / work.ranks] * work.ranks))
+        count = work.transfers()
+        page += ("# HELP sglang:kv_transfer_latency_ms The latency of KV transfer in ms.\n"
+                 "# TYPE sglang:kv_transfer_latency_ms histogram\n"
+                 + "".join(f"sglang:kv_transfer_latency_ms_bucket{labels[:-1]},le=\"+Inf\"}} {value}\n"
+                           f"sglang:kv_transfer_latency_ms_count{labels} {value}\n"
+                           f"sglang:kv_transfer_latency_ms_sum{labels} {value * 12.5}\n"
+                           for labels, value in rows([count / work.ranks] * work.ranks)))
+    return page
 
 
 def _tgi_page(work: Work) -> str:
@@ -260,6 +324,29 @@ STATS_LINES = {"vllm": _vllm_stats, "sglang": _sglang_stats, "lmdeploy": _lmdepl
                "aphrodite-vllm": _aphrodite_stats}
 
 
+def _sglang_prefill_batch(clock: str, rank: int, running: int, waiting: int, throughput: float, ranks: int,
+                          work: Work) -> str:
+    """A PD prefill server's batch line (`metrics_reporter.py:766-772`)."""
+    prefix = f"DP{rank} TP0" if ranks > 1 else "TP0"
+    return (f"[2026-11-20 {clock} {prefix}] Prefill batch, #new-seq: 1, #new-token: 8192, #cached-token: 0, token "
+            f"usage: 0.05, #running-req: {running}, #queue-req: {waiting}, #pending-token: 0, #bootstrap-req: "
+            f"{int(work.pending('bootstrap'))}, #inflight-req: {int(work.pending('inflight'))}, #optimistic-req: 0, "
+            f"cuda graph: False, input throughput (token/s): 4096.00\n")
+
+
+def _sglang_decode_batch(clock: str, rank: int, running: int, waiting: int, throughput: float, ranks: int,
+                         work: Work) -> str:
+    """A PD decode server's batch line (`metrics_reporter.py:1023-1043`)."""
+    prefix = f"DP{rank} TP0" if ranks > 1 else "TP0"
+    return (f"[2026-11-20 {clock} {prefix}] Decode batch, #running-req: {running}, #token: 4096, token usage: 0.03, "
+            f"pre-allocated usage: 0.01, #prealloc-req: {int(work.pending('prealloc'))}, #transfer-req: "
+            f"{int(work.pending('transfer'))}, #retracted-req: 0, cuda graph: True, gen throughput (token/s): "
+            f"{throughput:.2f}, #queue-req: {waiting}\n")
+
+
+PD_STATS_LINES = {"sglang": {"prefill": _sglang_prefill_batch, "decode": _sglang_decode_batch}}
+
+
 DUMMY_ROUTES = ("/health", "/health_generate", "/ping")
 
 
@@ -347,6 +434,7 @@ def main(engine: str) -> None:
     parser.add_argument("--port", "--server-port", dest="port", required=True)
     parser.add_argument("--tp", "--tp-size", "--tensor-parallel-size", "--num-shard", "--tp_size", dest="tp", type=int,
                         default=1)
+    parser.add_argument("--disaggregation-mode", default="")
     args, _ = parser.parse_known_args()
     args.port = int(args.port)
     with open(os.environ["ENGINESIM_SCENARIO"]) as handle:
@@ -378,7 +466,8 @@ def main(engine: str) -> None:
     if final == "crash":
         os._exit(1)
     if final == "serve":
-        work = Work(engine, scenario["work"]) if "work" in scenario else None
+        role = args.disaggregation_mode if args.disaggregation_mode in ("prefill", "decode") else ""
+        work = Work(engine, scenario["work"], role, scenario.get("work_file")) if "work" in scenario else None
         http = scenario.get("http", "api")
         if http != "none":
             server = _http(args.host, args.port, 200, work, dummy=http == "dummy", engine=engine)
