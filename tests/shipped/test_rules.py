@@ -16,6 +16,8 @@ RULES = ROOT / "rules" / "stallwatch.rules.yml"
 
 
 RULE_TESTS = ROOT / "rules" / "tests" / "stallwatch.rules.test.yml"
+# Every file of rule tests (the PD group's are in a file of their own).
+RULE_TEST_FILES = sorted((ROOT / "rules" / "tests").glob("*.rules.test.yml"))
 
 
 RUNBOOK = ROOT / "docs" / "runbook.md"
@@ -28,7 +30,7 @@ def alerts() -> list[dict]:
 def firing_labels() -> dict[str, list[set[str]]]:
     """Each alert's label names in the firing expectations of the rule tests (promtool compares them exactly)."""
     found: dict[str, list[set[str]]] = {}
-    for test in yaml.safe_load(RULE_TESTS.read_text())["tests"]:
+    for test in (t for path in RULE_TEST_FILES for t in yaml.safe_load(path.read_text())["tests"]):
         for case in test.get("alert_rule_test", []):
             for expected in case["exp_alerts"]:
                 found.setdefault(case["alertname"], []).append({"alertname", *expected.get("exp_labels", {})})
@@ -62,13 +64,13 @@ def test_promtool_check_rules() -> None:
 
 @pytest.mark.process
 def test_promtool_test_rules() -> None:
-    result = subprocess.run([require("promtool"), "test", "rules", RULE_TESTS.name], cwd=RULE_TESTS.parent,
-                            capture_output=True, text=True)
+    result = subprocess.run([require("promtool"), "test", "rules", *(path.name for path in RULE_TEST_FILES)],
+                            cwd=RULE_TESTS.parent, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_every_alert_is_tested_firing_and_silent_on_missing_data() -> None:
-    tests = yaml.safe_load(RULE_TESTS.read_text())["tests"]
+    tests = [t for path in RULE_TEST_FILES for t in yaml.safe_load(path.read_text())["tests"]]
     fires = {c["alertname"] for t in tests for c in t.get("alert_rule_test", []) if c["exp_alerts"]}
     missing = next(t for t in tests if t["name"] == "missing data does not page")
     silent = {c["alertname"] for c in missing["alert_rule_test"] if not c["exp_alerts"]}
@@ -96,7 +98,7 @@ def test_alert_style() -> None:
     tested = firing_labels()
     for alert in alerts():
         name = alert["alert"]
-        assert re.match(r"(InferenceServer|InferenceDeployment|Stallwatch)[A-Z]\w+$", name), name
+        assert re.match(r"(InferenceServer|InferenceDeployment|InferencePD|Stallwatch)[A-Z]\w+$", name), name
         assert alert["labels"]["severity"] in ("critical", "warning")
         notes = alert["annotations"]
         assert notes["summary"].endswith("."), name
@@ -104,10 +106,11 @@ def test_alert_style() -> None:
         used = {label for text in notes.values() for label in re.findall(r"\$labels\.(\w+)", text)}
         for labels in tested.get(name, []):
             assert used <= labels, f"{name}: its annotations name {sorted(used - labels)}, which it does not carry"
-        if name.startswith("InferenceDeployment"):
-            # One alert per deployment (labels: deployment only) or per member of one (its instance kept): it names
-            # the deployment, and the instance wherever its expression keeps it.
-            assert "$labels.deployment" in notes["description"], name
+        if name.startswith(("InferenceDeployment", "InferencePD")):
+            # One alert per deployment or PD group (labels: its key) or per member of one (its instance kept): it names
+            # the deployment or group, and the instance wherever its expression keeps it.
+            key = "$labels.deployment" if name.startswith("InferenceDeployment") else "$labels.pd_group"
+            assert key in notes["description"], name
             assert tested.get(name), f"{name}: no test that fires"
             if all("instance" in labels for labels in tested[name]):
                 assert "$labels.instance" in notes["description"], name
