@@ -67,6 +67,7 @@ class Launch:
     key: ProcessKey | None = None
     process: psutil.Process | None = field(default=None, compare=False)
     argv: tuple[str, ...] = ()
+    flags: tuple[str, ...] = ()  # the command line its flags are read from: argv, or argv before a retitle
     workload: Workload = field(default_factory=Workload)
     host: str = ""  # the engine's host, from argv, its environment or the engine's default
     port: int | None = None  # the engine's port, from argv, its environment or the engine's default
@@ -161,19 +162,19 @@ class Server:
                 process = psutil.Process(candidate.pid)
             except psutil.Error:
                 return False
-            argv = candidate.argv
+            argv = flags = candidate.argv
+            if key == self.launch.key and len(argv) == 1 and len(self.launch.argv) > 1:
+                # The same process retitled itself (setproctitle: SGLang's router, `sglang::router`): its flags as
+                # first read stand.
+                flags = self.launch.flags
             environ = read_environ(self._config.paths.procfs, candidate.pid, (*environ_keys(self.engine),
                                                                                   *DYNAMO_KEYS))
-            member = membership(self.engine, argv, environ)
-            host, port = self.engine.listen_address(argv, environ)
-            pd = place(self.engine, argv, environ, self.spec.pd_group, self.engine.model(argv))
-            previous = self.launch.pd
-            if key == self.launch.key and pd is not None and not pd.routes and previous is not None:
-                # The same process retitled itself (SGLang's router: `sglang::router`): its flags as first read stand.
-                pd = dataclasses.replace(pd, routes=previous.routes)
+            member = membership(self.engine, flags, environ)
+            host, port = self.engine.listen_address(flags, environ)
+            pd = place(self.engine, flags, environ, self.spec.pd_group, self.engine.model(flags))
             launch = Launch(
-                key=key, process=process, argv=argv, workload=workload, host=host, port=port,
-                model=printable(self.engine.model(argv)), tensor_parallel=self.engine.tensor_parallel(argv),
+                key=key, process=process, argv=argv, flags=flags, workload=workload, host=host, port=port,
+                model=printable(self.engine.model(flags)), tensor_parallel=self.engine.tensor_parallel(flags),
                 probes=self.launch.probes,
                 log_sources=self.launch.log_sources if self.spec.logs else log_sources(
                     self._config.paths, candidate.pid, workload), member=member, pd=pd, uid=owner(candidate.pid))

@@ -30,8 +30,8 @@ ENGINE = Engine(
         running="sgl_router_running_requests"),
     rules=(
         # `sglang_router_rs::server: src/server.rs:261: Starting router on 0.0.0.0:30000 | mode: PrefillDecode {...`
-        # (Mooncake #851); the mini_lb is a uvicorn app.
-        rule(r"Starting router on \S+ \| mode: ", phase="launching", launch=True),
+        # (Mooncake #851), its one line at start: it serves from then on (its workers' health is its own view);
+        # the mini_lb is a uvicorn app.
         rule(r"Starting router on \S+ \| mode: |Uvicorn running on ", phase="serving"),
     ),
 )

@@ -30,7 +30,7 @@ def read_router(server: Server, timeout: float) -> RouterView | None:
     """One read of the router's metrics page; None when it has none to read from here (the mini_lb, the toy proxy,
     a port its tree does not listen on)."""
     router, launch = server.engine.router, server.launch
-    port = router.metrics_port(launch.argv) if router is not None else None
+    port = router.metrics_port(launch.flags) if router is not None else None
     if router is None or port is None:
         return None
     listeners = server.own_listeners(port=port)

@@ -59,3 +59,13 @@ def test_routers_are_discovered_as_servers_of_their_own_kind(argv: list[str], na
 
 def test_a_router_is_never_probed_at_a_constant_health_endpoint() -> None:
     assert ENGINES["sglang_router"].health_path == "" and ENGINES["vllm_proxy"].health_path == ""
+
+
+def test_a_router_serves_from_its_start_line() -> None:
+    from stallwatch.logs.interpret import LogInterpreter
+
+    interpreter = LogInterpreter(ENGINES["sglang_router"])
+    interpreter.feed(b"2025-09-17T16:20:01.123456Z  INFO sglang_router_rs::server: src/server.rs:261: Starting router "
+                     b"on 0.0.0.0:30000 | mode: PrefillDecode { prefill_urls: [(\"http://10.0.0.1:8000\", "
+                     b"Some(8998))], decode_urls: [\"http://10.0.0.2:8000\"] }\n")
+    assert interpreter.snapshot().phase == "serving"
