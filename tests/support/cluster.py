@@ -2,6 +2,7 @@
 `/proc` of its own, so the exporter on it sees only that node's processes, with that node's pids) and its own
 network namespace (a veth pair in 198.18.0.0/15, `sandbox.Netns`). Processes join a node through `prefix()`
 (`nsenter` into the node's init). Everything in a node ends with it: killing its init ends its PID namespace.
+`Cluster`: nodes, each with its exporter, one Prometheus over them and Alertmanager with the shipped routes.
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from support.harness import poll
+from support.harness import Engine, Exporter, gpus, poll
 from support.sandbox import Netns, require_root
+from support.stack import Webhook, alertmanager, prometheus
 
 
 def require_nodes() -> None:
@@ -98,3 +100,59 @@ def ns_pid(host_pid: int) -> int:
         if line.startswith("NSpid:"):
             return int(line.split()[-1])
     raise LookupError(f"no NSpid for {host_pid}")
+
+
+NODE_CONFIG = ("discovery: {enabled: true, interval: 1s}\n"
+               "defaults:\n  stall: {gpu_memory_bytes: 70e9, log_stale: 12s}\n"
+               "  probe: {timeout: 1s, interval: 1s}\n"
+               "logs: {poll_interval: 0.5s}\n"
+               "engine_metrics: {interval: 1s, timeout: 1s}\n")
+
+
+NODE_LOG_STALE = 12.0  # seconds, as in NODE_CONFIG: at least the scaled idle window (5m -> 10 s)
+
+
+class Cluster:
+    """Nodes, each with an exporter; Prometheus over all of them; Alertmanager with the shipped routes."""
+
+    def __init__(self, stack: contextlib.ExitStack, tmp: Path, daemons: list, count: int) -> None:
+        self.stack, self.tmp = stack, tmp
+        self.nodes = [stack.enter_context(contextlib.closing(Node(tmp, f"node{i}"))) for i in range(count)]
+        self.gpus = [gpus(9, used=76e9, util=0) for _ in self.nodes]
+        self.exporters = [self._exporter(node, nvml) for node, nvml in zip(self.nodes, self.gpus, strict=True)]
+        self.hook = Webhook()
+        am_port = alertmanager(daemons, tmp, self.hook, shipped=True)
+        self.query = prometheus(daemons, tmp, am_port, [self.instance(i) for i in range(count)])
+        poll(lambda: len(self.query('up{job="stallwatch"} == 1')) == count, timeout=30, what="every node scraped")
+
+    def _exporter(self, node: Node, nvml: list[dict]) -> Exporter:
+        e = Exporter(node.tmp, config=NODE_CONFIG, nvml={"gpus": nvml}, listen_host="0.0.0.0", prefix=node.prefix(),
+                     url_host=node.address)
+        self.stack.callback(e.stop)
+        return e
+
+    def instance(self, i: int) -> str:
+        return f"{self.nodes[i].address}:{self.exporters[i].port}"
+
+    def engine(self, i: int, *args: object, **kwargs: object) -> Engine:
+        sim = Engine(self.nodes[i].tmp, *args, prefix=self.nodes[i].prefix(), **kwargs)  # type: ignore[arg-type]
+        self.stack.callback(sim.stop)
+        return sim
+
+    def hold(self, i: int, titles: list[str], first_gpu: int = 0) -> list[psutil.Process]:
+        """The processes titled `titles` on node `i` hold 75 GB each on GPUs `first_gpu`.. (pids as the node's
+        NVML sees them: its own PID namespace's)."""
+        def each() -> list[psutil.Process] | None:
+            found = [self.nodes[i].titled(title) for title in titles]
+            return [procs[0] for procs in found] if all(found) else None
+
+        found = poll(each, timeout=30, what=f"{titles} on node {i}")
+        for gpu, proc in enumerate(found, start=first_gpu):
+            self.gpus[i][gpu]["processes"] = [{"pid": ns_pid(proc.pid), "used": 75e9}]
+        self.exporters[i].nvml.update(gpus=self.gpus[i])
+        return found
+
+    def firing(self) -> list[dict]:
+        """Alerts past their `for`: what pages or tickets. A pending one (a probe that timed out once while the
+        node's 2 cores start 40 engine processes) is by design not yet anything."""
+        return self.query('ALERTS{alertstate="firing"}')

@@ -199,6 +199,7 @@ ENGINE_COMMANDS = {
     # Xinference's worker, which matches no engine: its model process, a child titled `Model: <uid>` (the scenario's
     # `children`), is the server.
     "xinference": [sys.executable, str(SIM_BIN / "xinference-local"), "--host", "127.0.0.1"],
+    "sglang_router": [sys.executable, "-m", "sglang_router.launch_router", "--pd-disaggregation"],
 }
 
 PORT_FLAGS = {"lmdeploy": "--server-port"}  # where the engine's port flag is not `--port`
@@ -219,14 +220,16 @@ class Engine:
                  line_delay: float = 0.0, log_name: str | None = None, prefix: list[str] | None = None,
                  args: tuple[str, ...] = (), work: dict | None = None, on_sigterm: str | None = None,
                  supervise: dict | None = None, children: list[str] | None = None, http: str = "api",
-                 env: dict[str, str] | None = None, shell: str | None = None, dies: dict | None = None) -> None:
+                 env: dict[str, str] | None = None, shell: str | None = None, dies: dict | None = None,
+                 live_work: bool = False) -> None:
         """`work`: the engine's own view once serving (requests, throughput, its `/metrics`; see enginesim).
         `on_sigterm`: what it logs when asked to stop. `supervise`: run it under tests/sim/bin/restart-always
         with these settings (`restart_sec`, `max_restarts`), restarted each time it exits. `children` (titles) and
         `http` (`api`, `dummy`, `none`): a worker node's processes and port (see enginesim). `env`: more of its
         environment (a LeaderWorkerSet's `LWS_*`). `shell`: started as `sh -c '<shell>; exec <the command>'`, as
         container entrypoints do. `dies`: `{"after": s, "transcript": text, "health": 503}`, its engine dies behind
-        its live HTTP server that long after it began serving (see enginesim)."""
+        its live HTTP server that long after it began serving (see enginesim). `live_work`: `work` is read from a file
+        that `update_work` rewrites, so the test moves the engine on while it runs (a transfer that stops)."""
         self.port = port or free_port()
         self.log = tmp / (log_name or f"{engine}-{self.port}.log")
         stem = tmp / f"{engine}-{self.port}"
@@ -234,6 +237,12 @@ class Engine:
         transcript_path.write_text(transcript)
         scenario = stem.with_suffix(".json")
         extra: dict[str, object] = {"work": work} if work is not None else {}
+        self._work_file: Path | None = None
+        if live_work:
+            self._work_file = stem.with_suffix(".work.json")
+            self._work = dict(work or {})
+            self._work_file.write_text(json.dumps(self._work))
+            extra["work_file"] = str(self._work_file)
         if on_sigterm is not None:
             stop_path = stem.with_suffix(".on-sigterm")
             stop_path.write_text(on_sigterm)
@@ -263,6 +272,14 @@ class Engine:
             self.proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT,
                                          start_new_session=True)
         self.name = f"{engine}-{self.port}"
+
+    def update_work(self, **changes: object) -> None:
+        """What a `live_work` engine reports from now on (its counters go on from where they are)."""
+        assert self._work_file is not None, "started without live_work"
+        self._work.update(changes)
+        tmp = self._work_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self._work))
+        os.replace(tmp, self._work_file)
 
     def terminate(self) -> None:
         """SIGTERM to the main process only, as Kubernetes and Docker stop a container's PID 1."""

@@ -642,3 +642,35 @@ def xinference_model_loaded(uid: str = "qwen2.5-instruct-0") -> str:
             + _aph("09:00:12", "Starting to load model /models/qwen2.5-instruct...")
             + _aph("09:00:40", "Available KV cache memory: 41.02 GiB")
             + f"2026-11-20 09:01:02,331 xinference.core.model 4242 INFO     ModelActor({uid}) loaded\n")
+
+
+def sglang_pd_bootstrap(tp: int = 1) -> str:
+    """A PD prefill server's launch: its bootstrap server's line from the main process (SGLang 0.5.23
+    `srt/disaggregation/common/conn.py:3321-3323`) and its PD warmup (`srt/entrypoints/http_server.py:2505-2530`)
+    before the usual lines; a decode server prints the warmup lines only."""
+    return (_sg("10:00:01", "CommonKVBootstrapServer started successfully on 127.0.0.1:8998")
+            + sglang_healthy(tp).replace(
+                "The server is fired up and ready to roll!",
+                "Start of pd disaggregation warmup ...\n"
+                f"[{SG_DAY} 10:02:00] Disaggregation warmup requests completed for all 1 DP ranks\n"
+                f"[{SG_DAY} 10:02:00] End of disaggregation warmup\n"
+                f"[{SG_DAY} 10:02:00] The server is fired up and ready to roll!", 1))
+
+
+def sglang_lost_prefill(address: str, affected: int) -> str:
+    """A decode server whose prefill's bootstrap server stopped answering its heartbeat: two misses, then the loss
+    (`srt/disaggregation/common/conn.py:1997-2040`)."""
+    return (_sg("10:30:00", f"Attempting to reconnect to {address}...", 0)
+            + _sg("10:30:05", f"Attempting to reconnect to {address}...", 0)
+            + _sg("10:30:10", f"Lost connection with prefill instance (bootstrap_addr: {address}), {affected} "
+                  "requests affected", 0))
+
+
+def sglang_router_start(prefills: list[tuple[str, int]], decodes: list[str], port: int) -> str:
+    """The Rust router's start in PD mode (sgl-router `src/server.rs:261`, as in kvcache-ai/Mooncake#851), with its
+    tracing prefix."""
+    prefill_urls = ", ".join(f'("{url}", Some({bootstrap}))' for url, bootstrap in prefills)
+    decode_urls = ", ".join(f'"{url}"' for url in decodes)
+    return (f"2026-11-20T10:03:00.000000Z  INFO sglang_router_rs::server: src/server.rs:261: Starting router on "
+            f"0.0.0.0:{port} | mode: PrefillDecode {{ prefill_urls: [{prefill_urls}], decode_urls: [{decode_urls}], "
+            "prefill_policy: None, decode_policy: None } | policy: Random | max_payload_size: 268435456\n")

@@ -483,3 +483,71 @@ def main(engine: str) -> None:
         listener.bind((args.host, args.port))
         listener.listen(64)  # accepted by the kernel, never answered
     wait_for_draft_hidden_states()
+
+
+class RouterView:
+    """A simulated SGLang PD router's own view (sgl-router `src/metrics.rs@584506b`): each worker's health from its
+    `/health`, checked every `interval` seconds (the real router: every 60 s, a 5 s timeout), and its requests in
+    flight from the work spec's `running` (a `work_file` moves it on)."""
+
+    def __init__(self, workers: list[str], work: Work, interval: float) -> None:
+        self.workers, self.work, self.interval = workers, work, interval
+        self.health = dict.fromkeys(workers, 0.0)
+        threading.Thread(target=self._check, daemon=True).start()
+
+    def _check(self) -> None:
+        import urllib.request
+
+        while True:
+            for url in self.workers:
+                try:
+                    with urllib.request.urlopen(f"{url}/health", timeout=1) as response:
+                        self.health[url] = 1.0 if response.status == 200 else 0.0
+                except OSError:
+                    self.health[url] = 0.0
+            time.sleep(self.interval)
+
+    def page(self) -> bytes:
+        running = float(self.work.spec.get("running", 0))
+        share = running / max(len(self.workers), 1)
+        return (_series("sgl_router_worker_health", "gauge", "Worker health status (1=healthy, 0=unhealthy)",
+                        [(f'{{worker="{url}"}}', value) for url, value in self.health.items()])
+                + _series("sgl_router_running_requests", "gauge", "Number of running requests per worker",
+                          [(f'{{worker="{url}"}}', share) for url in self.workers])
+                + _series("sgl_router_active_workers", "gauge", "Number of active workers",
+                          [("", sum(self.health.values()))])).encode()
+
+
+def router_main() -> None:
+    """`python -m sglang_router.launch_router --pd-disaggregation --prefill URL [PORT] --decode URL`: it retitles
+    itself `sglang::router` (`launch_router.py:32`), logs its start (the scenario's transcript), answers `/health`
+    with a constant 200 (as the mini_lb does) and serves its metrics on `--prometheus-port` (29000)."""
+    import setproctitle
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--host", default="0.0.0.0")
+    parser.add_argument("--port", type=int, default=30000)
+    parser.add_argument("--prometheus-port", type=int, default=29000)
+    parser.add_argument("--prefill", nargs="+", action="append", default=[])
+    parser.add_argument("--decode", action="append", default=[])
+    args, _ = parser.parse_known_args()
+    with open(os.environ["ENGINESIM_SCENARIO"]) as handle:
+        scenario = json.load(handle)
+    setproctitle.setproctitle("sglang::router")
+    with open(scenario["transcript"], "rb") as transcript:
+        sys.stdout.buffer.write(transcript.read())
+    sys.stdout.buffer.flush()
+    work = Work("router", scenario.get("work", {}), work_file=scenario.get("work_file"))
+    view = RouterView([urls[0] for urls in args.prefill] + args.decode, work,
+                      float(scenario.get("health_interval", 1.0)))
+    _http(args.host, args.port, 200)
+
+    class Metrics(_Health):
+        def do_GET(self) -> None:
+            self.status = 200
+            self._send(view.page(), "text/plain; version=0.0.4; charset=utf-8")
+
+    metrics = ThreadingHTTPServer(("0.0.0.0", args.prometheus_port), Metrics)
+    metrics.daemon_threads = True
+    threading.Thread(target=metrics.serve_forever, daemon=True).start()
+    wait_for_draft_hidden_states()

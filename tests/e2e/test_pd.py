@@ -1,0 +1,153 @@
+"""Prefill/decode disaggregated groups end to end: a simulated 1P1D SGLang group with its router on a node of its own,
+the real Prometheus with the shipped rules (time compressed) and the real Alertmanager with the shipped routes. A
+healthy idle group raises nothing; a KV transfer that stops pages once for the group, naming the stage and the
+members, before the engines' own 300 s abort; a decode whose prefill died pages as the peer lost."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from support import transcripts as t
+from support.cluster import Cluster, ns_pid, require_nodes
+from support.harness import poll
+from support.stack import PIPELINE, rule_seconds
+
+# Idle, as the real engines are without traffic: nothing pending, the transfer counter where it stopped.
+IDLE = {"running": 0, "waiting": 0, "throughput": 0.0, "tokens_start": 5000, "interval": 0.5, "pending": {},
+        "transfers_start": 40, "transfers_rate": 0.0}
+PREFILL, DECODE = 30000, 30001
+
+
+class Group:
+    """Prefill, decode and their router on node 0 (the router lists both on its command line and retitles itself
+    `sglang::router`, so the exporter reads its workers from its metrics page), their schedulers holding GPUs 0
+    and 1."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+        pd = ("--host", "127.0.0.1", "--enable-metrics")
+        self.prefill = cluster.engine(0, "sglang", t.sglang_pd_bootstrap(tp=1), final="serve", tp=1, port=PREFILL,
+                                      args=(*pd, "--disaggregation-mode", "prefill"), work=dict(IDLE), live_work=True)
+        self.decode = cluster.engine(0, "sglang", t.sglang_healthy(tp=1), final="serve", tp=1, port=DECODE,
+                                     args=(*pd, "--disaggregation-mode", "decode"), work=dict(IDLE), live_work=True)
+        urls = [f"http://127.0.0.1:{PREFILL}", f"http://127.0.0.1:{DECODE}"]
+        self.router = cluster.engine(0, "sglang_router", t.sglang_router_start([(urls[0], 8998)], [urls[1]], 8000),
+                                     final="serve", port=8000, args=("--prefill", urls[0], "8998", "--decode", urls[1]),
+                                     work={"running": 0}, live_work=True)
+        self._hold()
+        members = poll(lambda: (found := cluster.query("stallwatch_pd_member_info")) and len(found) == 3 and found,
+                       timeout=30, what="the group's three members")
+        self.key = members[0]["metric"]["pd_group"]
+        assert {(m["metric"]["pd_group"], m["metric"]["pd_role"], m["metric"]["server"]) for m in members} == {
+            (self.key, "prefill", f"sglang-{PREFILL}"), (self.key, "decode", f"sglang-{DECODE}"),
+            (self.key, "router", self.router_name)}
+        poll(lambda: len(cluster.query('stallwatch_startup_phase{phase="serving"} == 1')) == 3, timeout=30,
+             what="the group serving")
+        # The router's own view: both workers healthy.
+        poll(lambda: [w["value"][1] for w in cluster.query("stallwatch_router_worker_up")] == ["1", "1"], timeout=30,
+             what="the router's view of its workers")
+
+    @property
+    def router_name(self) -> str:
+        found = self.cluster.query('stallwatch_pd_member_info{pd_role="router"}')
+        return found[0]["metric"]["server"] if found else ""
+
+    def _hold(self) -> None:
+        """Each server's scheduler (`sglang::scheduler` both, at TP 1) holds 75 GB on a GPU of its own."""
+        node = self.cluster.nodes[0]
+
+        def schedulers() -> list[psutil.Process] | None:
+            found = node.titled("sglang::scheduler")
+            return found if len(found) == 2 else None
+
+        for gpu, proc in enumerate(poll(schedulers, timeout=30, what="both schedulers")):
+            self.cluster.gpus[0][gpu]["processes"] = [{"pid": ns_pid(proc.pid), "used": 75e9}]
+        self.cluster.exporters[0].nvml.update(gpus=self.cluster.gpus[0])
+
+    def quiet(self, minutes: str) -> None:
+        """Nothing fires for `minutes` of the rules' time."""
+        until = time.monotonic() + rule_seconds(minutes)
+        while time.monotonic() < until:
+            assert self.cluster.firing() == [], self.cluster.firing()
+            time.sleep(1)
+        assert self.cluster.hook.alerts == []
+
+
+def _pd_pages(cluster: Cluster) -> list[dict]:
+    return [a for a in list(cluster.hook.alerts) if a["labels"]["alertname"].startswith("InferencePD")]
+
+
+@pytest.mark.root
+@pytest.mark.e2e
+def test_an_idle_group_is_silent_and_a_transfer_that_stops_pages_once_for_the_group(tmp_path: Path,
+                                                                                   daemons: list) -> None:
+    """An idle 1P1D group and its router: every log silent, GPUs full at 0 %, both probes passing, for half an hour
+    of scaled time: nothing. Then two requests stop in the KV transfer (the decode's `transfer` queue, the prefill's
+    `inflight`, the router holding them, the transfer counter flat): InferencePDTransferStuck pages within 5 scaled
+    minutes, in one notification group for the group, naming the stage and the members."""
+    require_nodes()
+    with contextlib.ExitStack() as stack:
+        cluster = Cluster(stack, tmp_path, daemons, 1)
+        group = Group(cluster)
+        group.quiet("30m")
+
+        group.decode.update_work(pending={"transfer": 2})
+        group.prefill.update_work(pending={"inflight": 2})
+        group.router.update_work(running=2)
+        stopped = time.time()
+        page = poll(lambda: next((a for a in _pd_pages(cluster) if a["status"] == "firing"
+                                  and a["labels"]["alertname"] == "InferencePDTransferStuck"), None),
+                    timeout=60, interval=0.2, what="the stuck transfer's page")
+        latency = page["received_at"] - stopped
+        # The 3m window and the 1m `for` scale; scrape, evaluation and Alertmanager's wait (PIPELINE) do not. In real
+        # time the same sum (4 minutes and a minute of pipeline at most) is under the engines' 300 s abort.
+        bound = rule_seconds("4m") + PIPELINE
+        print(f"transfer stuck: paged {latency:.1f} s after it stopped (promise {bound:g} s; the engines abort at "
+              f"{rule_seconds('5m'):g} s of scaled time)")
+        assert latency < bound
+        assert (page["labels"]["severity"], page["labels"]["pd_group"], page["receiver"], page["group"]) == (
+            "critical", group.key, "pager", {"pd_group": group.key})
+        description = page["annotations"]["description"]
+        assert f"PD group {group.key}: 2 or more requests have waited in {page['labels']['stage']}" in description
+        assert f"decode sglang-{DECODE} on {cluster.instance(0)}, 2 in transfer" in description
+        assert f"prefill sglang-{PREFILL} on {cluster.instance(0)}, 2 in inflight" in description
+        assert f"router {group.router_name} on {cluster.instance(0)}" in description
+        time.sleep(rule_seconds("2m"))
+        firing = {(a["metric"]["alertname"], a["metric"].get("stage")) for a in cluster.firing()}
+        assert firing == {("InferencePDTransferStuck", "transfer"), ("InferencePDTransferStuck", "inflight"),
+                          ("InferencePDRouterNoProgress", None)}, firing
+        # One notification group, the group's: every alert of it there, none per server.
+        assert {tuple(a["group"].items()) for a in cluster.hook.alerts} == {(("pd_group", group.key),)}
+
+
+@pytest.mark.root
+@pytest.mark.e2e
+def test_a_decode_whose_prefill_died_pages_as_peer_lost(tmp_path: Path, daemons: list) -> None:
+    """The prefill server is killed; the decode side's heartbeat to its bootstrap server misses twice and it logs
+    `Lost connection with prefill instance ..., 2 requests affected` (appended to its log as SGLang prints it).
+    InferencePDPeerLost pages within 2 scaled minutes, for the group, naming the prefill as gone."""
+    require_nodes()
+    with contextlib.ExitStack() as stack:
+        cluster = Cluster(stack, tmp_path, daemons, 1)
+        group = Group(cluster)
+        group.quiet("5m")
+        group.prefill.stop()  # SIGKILL to its whole process group
+        killed = time.time()
+        with open(group.decode.log, "a") as log:
+            log.write(t.sglang_lost_prefill("127.0.0.1:8998", 2))
+        page = poll(lambda: next((a for a in _pd_pages(cluster) if a["status"] == "firing"), None), timeout=60,
+                    interval=0.2, what="the lost peer's page")
+        latency = page["received_at"] - killed
+        print(f"peer lost: paged {latency:.1f} s after the prefill was killed "
+              f"(promise {rule_seconds('2m') + PIPELINE:g} s)")
+        assert page["labels"]["alertname"] == "InferencePDPeerLost"
+        assert (page["labels"]["severity"], page["labels"]["pd_group"], page["labels"]["server"], page["group"]) == (
+            "critical", group.key, f"sglang-{DECODE}", {"pd_group": group.key})
+        description = page["annotations"]["description"]
+        assert "and 1 member(s) of its group have no process left" in description
+        assert f"prefill sglang-{PREFILL} on {cluster.instance(0)} (its process gone)" in description

@@ -1,0 +1,1 @@
+"""Simulated `sglang_router` package (see tests/sim/pkgs/enginesim.py `router_main`)."""
