@@ -163,9 +163,9 @@ class Server:
             except psutil.Error:
                 return False
             argv = flags = candidate.argv
-            if key == self.launch.key and len(argv) == 1 and len(self.launch.argv) > 1:
-                # The same process retitled itself (setproctitle: SGLang's router, `sglang::router`): its flags as
-                # first read stand.
+            if key == self.launch.key and sum(1 for arg in argv if arg) == 1 and len(self.launch.flags) > 1:
+                # The same process retitled itself (setproctitle: SGLang's router, `sglang::router`, the rest of its
+                # argv area NULs): its flags as first read stand.
                 flags = self.launch.flags
             environ = read_environ(self._config.paths.procfs, candidate.pid, (*environ_keys(self.engine),
                                                                                   *DYNAMO_KEYS))

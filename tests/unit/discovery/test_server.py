@@ -91,3 +91,18 @@ def test_the_log_in_a_look_is_the_interpreters_snapshot(tmp_path: Path, monkeypa
     server.interpreter.feed(b"[2026-11-20 09:14:13] Load weight begin. avail mem=78.54 GB\n")
     assert server.look().log == server.interpreter.snapshot()
     assert server.look().log.phase == "loading_weights"
+
+
+def test_a_process_that_retitles_itself_keeps_the_flags_it_was_found_with(tmp_path: Path) -> None:
+    """SGLang's router sets its title (`sglang::router`) once started: its argv then reads as the title and the NULs
+    of the rest of its argv area, and its port and its members are those of its first command line."""
+    config = Config(paths=Paths(procfs=str(tmp_path)))
+    server = Server("router", ServerSpec(engine="sglang_router"), config)
+    flags = ("python3", "-m", "sglang_router.launch_router", "--pd-disaggregation", "--prefill",
+             "http://127.0.0.1:30000", "8998", "--decode", "http://127.0.0.1:30001", "--port", "8000")
+    assert server.attach(candidate(os.getpid(), flags), Workload())
+    assert server.attach(candidate(os.getpid(), ("sglang::router", "", "", "")), Workload())
+    launch = server.launch
+    assert launch.argv == ("sglang::router", "", "", "") and launch.flags == flags and launch.port == 8000
+    assert launch.pd is not None
+    assert launch.pd.routes == (("prefill", "127.0.0.1", 30000), ("decode", "127.0.0.1", 30001))
