@@ -15,6 +15,7 @@ PHASE_COLOURS = ["text", "blue", "purple", "orange", "yellow", "light-green", "g
 SEL = 'instance=~"$instance", server=~"$server"'
 INST = 'instance=~"$instance"'
 DEPL = 'deployment=~"$deployment"'
+PDG = 'pd_group=~"$pd_group"'
 DS = {"type": "prometheus", "uid": "${datasource}"}
 
 # One number per phase so a state timeline shows one row per server.
@@ -56,7 +57,7 @@ def panels() -> list[dict[str, Any]]:
     return [
         timeline,
         panel("Firing stallwatch alerts", "table", 0, 6, 12, 5, [target(
-            f'ALERTS{{alertstate="firing", alertname=~"Inference(?:Server|Deployment).*|Stallwatch.*", {INST}}}', "",
+            f'ALERTS{{alertstate="firing", alertname=~"Inference(?:Server|Deployment|PD).*|Stallwatch.*", {INST}}}', "",
             instant=True)], description="Alerts from rules/stallwatch.rules.yml firing now."),
         servers,
         panel("GPU memory held by the server", "timeseries", 0, 11, 12, 8, [
@@ -107,6 +108,7 @@ def panels() -> list[dict[str, Any]]:
         ], description="1 when each collector succeeded; nvml 0 means no GPU metrics."),
         *engine_panels(59),
         *deployment_panels(67),
+        *pd_panels(84),
     ]
 
 
@@ -227,6 +229,53 @@ def deployment_panels(y: int) -> list[dict[str, Any]]:
     ]
 
 
+PD_ROW = "Prefill/decode groups"
+# A series of a PD member, with its group's labels (only members and routers: another server drops out).
+PD_MEMBER = f"* on (job, instance, server) group_left (pd_group, pd_role) stallwatch_pd_member_info{{{PDG}}}"
+
+
+def pd_panels(y: int) -> list[dict[str, Any]]:
+    """Prefill/decode disaggregated groups (rules: stallwatch.pd, InferencePD*), filtered by the `pd_group` variable
+    alone: a group spans instances and is judged whole. Empty where no server is a PD member."""
+    row = {"type": "row", "title": PD_ROW, "collapsed": False, "panels": [],
+           "gridPos": {"x": 0, "y": y, "w": 24, "h": 1}}
+    members = panel("PD group members", "table", 0, y + 1, 12, 8, [target(
+        f"(stallwatch_pd_member_info{{{PDG}}}\n"
+        f"  * on (job, instance, server) group_left (phase) (stallwatch_startup_phase == 1))\n"
+        f"or on (job, instance, server) stallwatch_pd_member_info{{{PDG}}}", "", instant=True)],
+                    description="Each member of each prefill/decode group by role (prefill, decode, router), where "
+                                "it runs and its phase now. Each row links to the server's status page.",
+                    transformations=[{"id": "organize", "options": {
+                        "excludeByName": {"Time": True, "Value": True, "__name__": True, "job": True},
+                        "indexByName": {name: i for i, name in enumerate(
+                            ["pd_group", "pd_role", "instance", "server", "phase"])},
+                        "renameByName": {}}}],
+                    options={"sortBy": [{"displayName": "pd_group"}, {"displayName": "pd_role"}]})
+    members["fieldConfig"]["defaults"]["links"] = [{"title": "Status page: verdict, processes, GPUs, last hour",
+                                                    "url": STATUS_URL, "targetBlank": True}]
+    return [
+        row,
+        members,
+        panel("PD requests pending by stage", "timeseries", 12, y + 1, 12, 8, [target(
+            f"stallwatch:pd_requests_pending:max\n{PD_MEMBER}", "{{pd_group}} {{pd_role}} {{server}} {{stage}}")],
+              unit="short", description="Requests outside running and waiting: bootstrap (a prefill waits for the "
+                                        "decode side's handshake), inflight (KV being sent), prealloc (a decode waits "
+                                        "for KV memory), transfer (it waits for the KV data). Held for minutes with no "
+                                        "transfer: InferencePDTransferStuck, InferencePDBootstrapStuck."),
+        panel("PD KV transfers/s", "timeseries", 0, y + 9, 12, 8, [target(
+            f"sum by (pd_group, pd_role) (\n  rate(stallwatch_engine_kv_transfers_total[$__rate_interval])\n"
+            f"  {PD_MEMBER}\n)", "{{pd_group}} {{pd_role}} transfers/s")], unit="short",
+              description="KV transfers completed per second, by the side that counts them: the group's progress "
+                          "beside the decode side's tokens."),
+        panel("PD router: workers healthy and requests in flight", "timeseries", 12, y + 9, 12, 8, [
+            target(f"stallwatch_router_worker_up\n{PD_MEMBER}", "{{pd_group}} {{server}}: {{worker}} healthy"),
+            target(f"stallwatch_router_requests_running\n{PD_MEMBER}", "{{pd_group}} {{server}} in flight", "B"),
+        ], unit="short", description="The router's own view: each worker 1 healthy, 0 excluded (its health checks, "
+                                     "its circuit breaker), and its requests in flight (InferencePDRouterNoProgress "
+                                     "while the group generates nothing)."),
+    ]
+
+
 def dashboard() -> dict[str, Any]:
     items = panels()
     for i, item in enumerate(items, start=1):
@@ -258,6 +307,10 @@ def dashboard() -> dict[str, Any]:
              "query": {"query": "label_values(stallwatch_deployment_member_info, deployment)",
                        "refId": "deployment"},
              "definition": "label_values(stallwatch_deployment_member_info, deployment)", "refresh": 2,
+             "includeAll": True, "multi": True, "allValue": ".*", "current": {}, "hide": 0},
+            {"name": "pd_group", "label": "PD group", "type": "query", "datasource": DS,
+             "query": {"query": "label_values(stallwatch_pd_member_info, pd_group)", "refId": "pd_group"},
+             "definition": "label_values(stallwatch_pd_member_info, pd_group)", "refresh": 2,
              "includeAll": True, "multi": True, "allValue": ".*", "current": {}, "hide": 0},
         ]},
         "panels": items,

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from support import transcripts as t
-from support.dashboard import DEPLOYMENT_ROW
+from support.dashboard import DEPLOYMENT_ROW, PD_ROW
 from support.dashboard import queries as dashboard_queries
 from support.harness import gpus, poll, require
 from support.paths import ROOT
@@ -130,7 +130,7 @@ def test_stall_pages_idle_server_does_not_and_restart_resolves(
         return query(f'ALERTS{{server="{server}"}}')
 
     # Every dashboard panel shows data for the stall (no empty panel during an incident).
-    empty = [title for title, expr in dashboard_queries(exclude_rows={DEPLOYMENT_ROW}) if not query(expr)]
+    empty = [title for title, expr in dashboard_queries(exclude_rows={DEPLOYMENT_ROW, PD_ROW}) if not query(expr)]
     assert empty == [], f"dashboard panels without data: {empty}"
 
     # The healthy server without traffic: GPU full, idle, log silent, probe OK, serving: nothing at all.

@@ -14,6 +14,8 @@ import pytest
 
 from support import transcripts as t
 from support.cluster import Cluster, ns_pid, require_nodes
+from support.dashboard import PD_ROW
+from support.dashboard import queries as dashboard_queries
 from support.harness import poll
 from support.stack import PIPELINE, rule_seconds
 
@@ -95,6 +97,8 @@ def test_an_idle_group_is_silent_and_a_transfer_that_stops_pages_once_for_the_gr
         cluster = Cluster(stack, tmp_path, daemons, 1)
         group = Group(cluster)
         group.quiet("30m")
+        empty = [title for title, expr in dashboard_queries(row=PD_ROW) if not cluster.query(expr)]
+        assert empty == [], f"PD panels without data: {empty}"
 
         group.decode.update_work(pending={"transfer": 2})
         group.prefill.update_work(pending={"inflight": 2})

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from support.dashboard import DASHBOARD, DEPLOYMENT_ROW, annotation_queries, panels, queries
+from support.dashboard import DASHBOARD, DEPLOYMENT_ROW, PD_ROW, annotation_queries, panels, queries
 from support.harness import require
 from support.paths import ROOT
 
@@ -75,8 +75,8 @@ def test_deployment_row_holds_the_deployment_panels_and_only_them() -> None:
                                            "Deployment head: generated tokens/s",
                                            "Deployment rank processes: live and started"}
     assert all(re.search(r"stallwatch(?:_|:)deployment_", expr) for _, expr in row), row
-    single = queries(exclude_rows={DEPLOYMENT_ROW})
-    assert len(single) + len(row) == len(queries())
+    single = queries(exclude_rows={DEPLOYMENT_ROW, PD_ROW})
+    assert len(single) + len(row) + len(queries(row=PD_ROW)) == len(queries())
     assert not [title for title, expr in single if "deployment" in expr]
     board = json.loads(DASHBOARD.read_text())
     assert all('deployment=~"$deployment"' in t["expr"]
@@ -89,8 +89,22 @@ def test_deployment_row_holds_the_deployment_panels_and_only_them() -> None:
         assert all('role="head"' in expr for t, expr in row if t == title and "head_up" not in expr), title
 
 
+def test_pd_row_holds_the_pd_panels_filtered_by_group() -> None:
+    """The prefill/decode group row: below the deployment row, its panels read only PD members' series, each filtered
+    by the `pd_group` variable, and no other panel reads them."""
+    rows = [row for row, _ in panels()]
+    assert rows.index(PD_ROW) > rows.index(DEPLOYMENT_ROW)
+    row = queries(row=PD_ROW)
+    assert {title for title, _ in row} == {"PD group members", "PD requests pending by stage", "PD KV transfers/s",
+                                           "PD router: workers healthy and requests in flight"}
+    assert all("stallwatch_pd_member_info" in expr for _, expr in row), row
+    assert all('pd_group=~"$pd_group"' in t["expr"] for r, p in panels() if r == PD_ROW for t in p["targets"])
+    assert not [title for title, expr in queries(exclude_rows={PD_ROW}) if "pd_member_info" in expr]
+
+
 def test_firing_alerts_include_the_deployment_alerts() -> None:
     [(_, expr)] = [(t, e) for t, e in queries() if t == "Firing stallwatch alerts"]
-    for name in ("InferenceServerLoadedButIdle", "InferenceDeploymentIncomplete", "StallwatchGpuLost"):
+    for name in ("InferenceServerLoadedButIdle", "InferenceDeploymentIncomplete", "InferencePDTransferStuck",
+                 "StallwatchGpuLost"):
         pattern = re.search(r'alertname=~"([^"]+)"', expr)
         assert pattern and re.fullmatch(pattern.group(1), name), name

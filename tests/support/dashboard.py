@@ -13,7 +13,9 @@ DASHBOARD = ROOT / "grafana" / "stallwatch.json"
 # The row of the panels of deployments over several nodes (grafana/dashboard.py DEPLOYMENT_ROW): without data where
 # every server runs on one node.
 DEPLOYMENT_ROW = "Deployments"
-VARIABLES = re.compile(r"\$(instance|server|deployment)\b")
+# The row of the panels of prefill/decode groups (grafana/dashboard.py PD_ROW): without data where no server is one.
+PD_ROW = "Prefill/decode groups"
+VARIABLES = re.compile(r"\$(instance|server|deployment|pd_group)\b")
 
 
 def panels() -> Iterator[tuple[str | None, dict[str, Any]]]:
