@@ -85,7 +85,7 @@ def report(case: dict[str, Any]) -> ServerReport:
     return ServerReport(
         name="kimi",
         identity=Identity("sglang", "moonshotai/Kimi-K2-Instruct", "8", "host", "", "", "", "", 100, 30000,
-                          deployment, case.get("configured", False)),
+                          deployment, case.get("configured", False), case.get("pd")),
         phase=PhaseInfo(case["phase"], time.time() - seconds, seconds, quiet, case.get("timeline", [case["phase"]]),
                         "", 64, 64, case.get("stop_requested", False)),
         gpu=_gpus(case), window_seconds=WINDOW, processes=processes, stacks=stacks,

@@ -5,7 +5,6 @@ appear: another server adds nothing here."""
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Iterator
 
 from prometheus_client.core import Metric
@@ -13,15 +12,15 @@ from prometheus_client.core import Metric
 from stallwatch.collectors.base import Registration
 from stallwatch.collectors.catalog import family
 from stallwatch.config import CollectorSettings
-from stallwatch.discovery.pd import Seen, groups
 from stallwatch.discovery.watcher import Watcher
 from stallwatch.signals.engine_page import EnginePageManager, PageState
+from stallwatch.signals.pd_groups import group_keys, node_name
 
 
 class PdCollector:
     def __init__(self, watcher: Watcher, pages: EnginePageManager | None, node: str | None = None) -> None:
         self.watcher, self.pages = watcher, pages
-        self.node = node or socket.gethostname()
+        self.node = node or node_name()
 
     def collect(self) -> Iterator[Metric]:
         info, pending, transfers = family("pd_member_info"), family("engine_requests_pending"), family(
@@ -30,12 +29,10 @@ class PdCollector:
                                          family("router_requests_running"))
         states: dict[str, PageState] = {s.server: s for s in self.pages.states()} if self.pages is not None else {}
         looks = [server.look() for server in self.watcher.servers()]
-        seen = [Seen(look.name, look.launch.pd, look.launch.host, look.launch.port,
-                     tuple(view.workers) if (view := getattr(states.get(look.name), "router", None)) else ())
-                for look in looks if look.launch.pd is not None]
-        keys = groups(seen, self.node)
-        for s in seen:
-            info.add_metric([s.name, keys[s.name], s.place.role], 1.0)
+        keys = group_keys(looks, states, self.node)
+        for look in looks:
+            if look.launch.pd is not None:
+                info.add_metric([look.name, keys[look.name], look.launch.pd.role], 1.0)
         for look in looks:
             if look.launch.pd is None:
                 continue

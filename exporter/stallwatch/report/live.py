@@ -15,13 +15,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from stallwatch.discovery.server import Server
+from stallwatch.discovery.server import Look, Server
 from stallwatch.report.model import Observation, ProbeInfo, ProcessInfo, ServerReport, StackGroup
 from stallwatch.report.observe import (
     assemble,
     engine_info,
     gpu_section,
     made_in_window,
+    pd_info,
     port_info,
     probe_info,
     processes_since,
@@ -30,6 +31,7 @@ from stallwatch.report.stacks import stacks
 from stallwatch.runtime import Runtime
 from stallwatch.signals.engine_page import figures_of
 from stallwatch.signals.history import Point
+from stallwatch.signals.pd_groups import group_keys, node_name
 from stallwatch.text import display
 
 log = logging.getLogger(__name__)
@@ -93,8 +95,17 @@ class StatusPages:
                                page.error if page is not None else ""),
             gpu=gpu_section(look, runtime),
             log_lines=server.tail.lines() if self.evidence and server.tail is not None else [],
+            pd=pd_info(look, page, self._group(look)),
         )
         return StatusView(assemble(look, seen), points, self.evidence)
+
+    def _group(self, look: Look) -> str:
+        """The server's PD group as the PD collector exports it (its routers' pages read on this node)."""
+        if look.launch.pd is None:
+            return ""
+        runtime = self.runtime
+        states = {s.server: s for s in runtime.engine_pages.states()} if runtime.engine_pages is not None else {}
+        return group_keys([s.look() for s in runtime.watcher.servers()], states, node_name()).get(look.name, "")
 
     def _stacks_of(self, name: str, processes: list[ProcessInfo]) -> list[StackGroup]:
         """The server's stacks: taken anew in the background when older than STACK_TTL_SECONDS (one round per

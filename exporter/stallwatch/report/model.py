@@ -22,6 +22,17 @@ class DeploymentInfo:
 
 
 @dataclass(frozen=True)
+class PdInfo:
+    """The server as a member of a prefill/decode disaggregated group (`discovery/pd.py`)."""
+
+    group: str  # "" where nothing on this node names it
+    role: str  # prefill | decode | router
+    pending: dict[str, float]  # requests pending by PD stage, as the engine last reported them
+    transfers: float | None = None  # KV transfers it completed (None: not counted)
+    workers: dict[str, float] = field(default_factory=dict)  # a router's view: each worker 1 healthy, 0 not
+
+
+@dataclass(frozen=True)
 class Identity:
     engine: str
     model: str
@@ -35,6 +46,7 @@ class Identity:
     port: int | None
     deployment: DeploymentInfo | None = None  # None: a single-node server
     configured: bool = False  # from the config file's `servers:` (someone said it should run); False: discovered
+    pd: PdInfo | None = None  # None: no member of a prefill/decode group
 
 
 @dataclass(frozen=True)
@@ -203,3 +215,4 @@ class Observation:
     engine: EngineInfo
     gpu: GpuSection
     log_lines: list[str]
+    pd: PdInfo | None = None  # its prefill/decode group, as the exporter reads it

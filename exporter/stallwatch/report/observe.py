@@ -22,6 +22,7 @@ from stallwatch.report.model import (
     Identity,
     LogInfo,
     Observation,
+    PdInfo,
     PhaseInfo,
     PortInfo,
     ProbeInfo,
@@ -33,6 +34,7 @@ from stallwatch.report.model import (
 from stallwatch.report.verdict import verdict
 from stallwatch.runtime import Runtime
 from stallwatch.signals.devices import Device, server_memory
+from stallwatch.signals.engine_page import PageState
 from stallwatch.signals.kmsg import KernelXid
 from stallwatch.signals.probes import Result
 from stallwatch.signals.xid import XidCount, xid_class
@@ -59,7 +61,8 @@ def assemble(look: Look, seen: Observation) -> ServerReport:
     launch = look.launch
     events = {event: count for event, count in sorted(look.log.events.items()) if count}
     facts = ServerReport(
-        name=look.name, identity=identity(look), phase=phase_info(look), gpu=seen.gpu,
+        name=look.name, identity=dataclasses.replace(identity(look), pd=seen.pd), phase=phase_info(look),
+        gpu=seen.gpu,
         window_seconds=seen.window, processes=seen.processes, stacks=seen.stacks, port=seen.port,
         engine_figures=seen.engine, log=LogInfo([source.path for source in launch.log_sources], seen.log_lines, events),
         verdict=Verdict("", ""))
@@ -76,6 +79,18 @@ def identity(look: Look) -> Identity:
                                     *(look.ranks if look.ranks is not None else (None, None)))
     return Identity(look.engine.name, launch.model, launch.tensor_parallel, w.runtime, w.namespace, w.pod,
                     w.container, w.unit, launch.pid, launch.port, deployment, look.configured)
+
+
+def pd_info(look: Look, page: PageState | None, group: str) -> PdInfo | None:
+    """The server's place in its PD group: its role, its group, what it holds pending (its page's figures where it
+    has them, else its batch lines'), its transfers and, for a router, its view of its workers; None for a server
+    that is no member."""
+    if look.launch.pd is None:
+        return None
+    pending = (page.pending if page is not None and page.pending else None) or look.log.pending or {}
+    return PdInfo(group, look.launch.pd.role, dict(sorted(pending.items())),
+                  page.transfers if page is not None else None,
+                  dict(sorted(page.router.workers.items())) if page is not None and page.router is not None else {})
 
 
 def phase_info(look: Look) -> PhaseInfo:

@@ -32,6 +32,7 @@ from stallwatch.report.observe import (
     engine_info,
     gpu_section,
     made_in_window,
+    pd_info,
     port_info,
     probe_info,
     processes_since,
@@ -41,7 +42,9 @@ from stallwatch.report.render import parse_json
 from stallwatch.report.stacks import stacks
 from stallwatch.runtime import Runtime, required
 from stallwatch.signals.engine_page import PageState, figures_of
+from stallwatch.signals.pd_groups import group_keys, node_name
 from stallwatch.signals.probes import fetch
+from stallwatch.signals.router_page import read_router
 
 LOOK_SECONDS = 3.0  # what the look after the window may take: probes, engine pages, py-spy, the GPUs' first reading
 EXPORTER_SECONDS = 2.0  # what the running exporter may take to answer for a server this look cannot see
@@ -83,7 +86,9 @@ def gather(runtime: Runtime, name: str | None = None, window: float = 2.0, expor
         logs.poll()
         look = Deadline(LOOK_SECONDS)
         nvml.settle(min(nvml.timeout, look.left()))
-        reports = _each(servers, lambda s: assemble(*_observe(s, runtime, before[s.name], window, look)))
+        keys = _pd_groups(servers, look)
+        reports = _each(servers, lambda s: assemble(*_observe(s, runtime, before[s.name], window, look,
+                                                               keys.get(s.name, ""))))
     finally:
         logs.close()
         for part in xids:
@@ -131,7 +136,10 @@ def _page(server: Server, runtime: Runtime, deadline: Deadline) -> PageState:
     """The engine's page read now, by `deadline`."""
     page = required(runtime.engine_pages, "engine_metrics").read_now(server, deadline.left())
     figures = Figures(*page.figures, at=time.time()) if page.figures is not None else None
-    return PageState(server.name, page.up, page.loop_up, figures, error=page.error)
+    router = read_router(server, deadline.left()) if server.engine.router is not None else None
+    return PageState(server.name, page.up, page.loop_up, figures, error=page.error,
+                     pending=page.pd.pending if page.pd is not None else None,
+                     transfers=page.pd.transfers if page.pd is not None else None, router=router)
 
 
 def _figures(look: Look, page: PageState) -> tuple[str, Figures | None, str]:
@@ -139,8 +147,15 @@ def _figures(look: Look, page: PageState) -> tuple[str, Figures | None, str]:
     return (*figures_of(look, page), page.error)
 
 
+def _pd_groups(servers: list[Server], deadline: Deadline) -> dict[str, str]:
+    """Each PD member's group, with the workers of the routers' pages read now."""
+    routers = {s.name: PageState(s.name, router=read_router(s, deadline.left()))
+               for s in servers if s.engine.router is not None}
+    return group_keys([s.look() for s in servers], routers, node_name())
+
+
 def _observe(server: Server, runtime: Runtime, before: _Before, window: float,
-             deadline: Deadline) -> tuple[Look, Observation]:
+             deadline: Deadline, pd_group: str = "") -> tuple[Look, Observation]:
     """The server after the window. Its stacks and its page are taken while it is probed, all by `deadline`: a probe
     that waits it out leaves them their time."""
     prober = required(runtime.probes, "probe")
@@ -152,7 +167,8 @@ def _observe(server: Server, runtime: Runtime, before: _Before, window: float,
         probes = [probe_info(target.probe.url, *prober.probe_now(target, server, deadline.left()))
                   for target in server.launch.probes]
         look = server.look()
-        source, figures, error = _figures(look, page.result())
+        read = page.result()
+        source, figures, error = _figures(look, read)
         groups = taken.result()
     then_source, then, _ = before.figures
     # Measured only where the figures moved on in the window (an idle engine prints no stats line).
@@ -160,4 +176,4 @@ def _observe(server: Server, runtime: Runtime, before: _Before, window: float,
     made = made_in_window((then_source, then.tokens) if fresh and then is not None else None, (source, figures))
     return look, Observation(window, processes, groups, port_info(look.launch, probes),
                              engine_info((source, figures), made, error), gpu_section(look, runtime),
-                             server.tail.lines() if server.tail else [])
+                             server.tail.lines() if server.tail else [], pd_info(look, read, pd_group))

@@ -14,6 +14,7 @@ from stallwatch.report.model import (
     GpuInfo,
     GpuSection,
     LogInfo,
+    PdInfo,
     PortInfo,
     Report,
     ServerReport,
@@ -95,6 +96,7 @@ def describe(s: ServerReport) -> list[str]:
     member = [] if d is None else [
         f"deployment {d.deployment}: node {d.node_rank} of {d.nnodes} ({d.role})"
         + (f", {d.ranks} of {d.ranks_started} rank processes live" if d.ranks is not None else "")]
+    member += [] if i.pd is None else [pd_text(i.pd)]
     return [
         f"engine {i.engine}, model {i.model or '?'}, TP {i.tensor_parallel or '?'}, runtime {i.runtime}"
         + (f" ({where})" if where else "") + f", main pid {i.pid}, port {i.port}", *member,
@@ -102,6 +104,19 @@ def describe(s: ServerReport) -> list[str]:
         f"timeline: {' -> '.join(p.timeline)}  ({p.timeline_note})",
         f"weight shards: {shards}",
     ]
+
+
+def pd_text(pd: PdInfo) -> str:
+    """"PD group llm/kimi-pd: decode; pending 2 in transfer; 40 KV transfers completed"."""
+    parts = [f"PD group {pd.group or '(none named on this node)'}: {pd.role}"]
+    if pd.pending:
+        parts.append("pending " + ", ".join(f"{count:.0f} in {stage}" for stage, count in pd.pending.items()))
+    if pd.transfers is not None:
+        parts.append(f"{pd.transfers:.0f} KV transfers completed")
+    if pd.workers:
+        parts.append("its workers: " + ", ".join(f"{url} {'healthy' if up else 'excluded'}"
+                                                  for url, up in pd.workers.items()))
+    return "; ".join(parts)
 
 
 def _gpu_text(g: GpuSection) -> str:

@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 
+import jsonschema
 import pytest
 
-from stallwatch.report.model import Report
+from stallwatch.discovery.pd import PdPlace
+from stallwatch.discovery.server import Launch
+from stallwatch.report.model import SCHEMA, PdInfo, Report, Verdict
+from stallwatch.report.observe import pd_info
 from stallwatch.report.render import fold_roles, parse_json, render_json, render_text
+from stallwatch.signals.engine_page import PageState
+from stallwatch.signals.router_page import RouterView
+from support.looks import look
 from support.reports import CASES, report
 
 
@@ -32,3 +40,26 @@ def test_a_report_read_back_from_its_json_is_the_same_and_says_where_it_came_fro
 def test_what_is_not_a_report_is_refused() -> None:
     with pytest.raises(ValueError, match="not a report"):
         parse_json(b'{"version": "1", "servers": [{"name": "x"}]}')
+
+
+def test_a_pd_member_says_its_group_role_pending_stages_and_transfers() -> None:
+    """`diagnose` and the status page (its `describe` lines) show a PD member's place, and the JSON keeps it."""
+    pd = PdInfo("llm/kimi-pd", "decode", {"prealloc": 0.0, "transfer": 2.0}, 40.0)
+    base = report(CASES[0])
+    written = Report("1.0", 1.8e9, [dataclasses.replace(base, identity=dataclasses.replace(base.identity, pd=pd),
+                                                        verdict=Verdict("healthy", "serving"))])
+    jsonschema.validate(json.loads(render_json(written)), json.loads(SCHEMA.read_text()))
+    assert parse_json(render_json(written)) == written
+    assert "PD group llm/kimi-pd: decode; pending 0 in prealloc, 2 in transfer; 40 KV transfers completed" in (
+        render_text(written))
+
+
+def test_the_pd_place_of_a_report_is_the_pages_figures_else_the_lines_and_a_routers_view() -> None:
+    decode = look("d", launch=Launch(pd=PdPlace("decode")))
+    assert pd_info(decode, PageState("d", pending={"transfer": 3.0}, transfers=7.0), "g") == PdInfo(
+        "g", "decode", {"transfer": 3.0}, 7.0)
+    assert pd_info(decode, None, "") == PdInfo("", "decode", {}, None)
+    router = look("r", engine="sglang_router", launch=Launch(pd=PdPlace("router")))
+    assert pd_info(router, PageState("r", router=RouterView(True, {"http://p:30000": 0.0}, 1.0)), "g").workers == {
+        "http://p:30000": 0.0}
+    assert pd_info(look("plain"), None, "g") is None
