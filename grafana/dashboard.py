@@ -162,6 +162,27 @@ def engine_panels(y: int) -> list[dict[str, Any]]:
     ]
 
 
+def section_row(title: str, y: int) -> dict[str, Any]:
+    return {"type": "row", "title": title, "collapsed": False, "panels": [],
+            "gridPos": {"x": 0, "y": y, "w": 24, "h": 1}}
+
+
+def members_table(title: str, y: int, info: str, columns: list[str], sort: list[str],
+                  description: str) -> dict[str, Any]:
+    """A table of the members of a group that spans instances (`info`, a member-info selector) with each one's phase
+    now, its rows linked to each server's status page."""
+    members = panel(title, "table", 0, y, 12, 8, [target(
+        f"({info}\n  * on (job, instance, server) group_left (phase) (stallwatch_startup_phase == 1))\n"
+        f"or on (job, instance, server) {info}", "", instant=True)], description=description,
+                    transformations=[{"id": "organize", "options": {
+                        "excludeByName": {"Time": True, "Value": True, "__name__": True, "job": True},
+                        "indexByName": {name: i for i, name in enumerate(columns)}, "renameByName": {}}}],
+                    options={"sortBy": [{"displayName": name} for name in sort]})
+    members["fieldConfig"]["defaults"]["links"] = [{"title": "Status page: verdict, processes, GPUs, last hour",
+                                                    "url": STATUS_URL, "targetBlank": True}]
+    return members
+
+
 DEPLOYMENT_ROW = "Deployments"
 # A series of a server, with its deployment's labels: `on` the server's own labels, so any family of the server joins.
 MEMBER = "* on (job, instance, server) group_left ({labels}) stallwatch_deployment_member_info{{{selector}}}"
@@ -176,25 +197,14 @@ def member(labels: str, role: str = "") -> str:
 def deployment_panels(y: int) -> list[dict[str, Any]]:
     """Deployments over several nodes (rules: stallwatch:deployment_*, InferenceDeployment*), filtered by the
     `deployment` variable alone: a deployment spans instances, and its head judges it. Empty on single-node servers."""
-    row = {"type": "row", "title": DEPLOYMENT_ROW, "collapsed": False, "panels": [],
-           "gridPos": {"x": 0, "y": y, "w": 24, "h": 1}}
-    members = panel("Deployment members", "table", 0, y + 1, 12, 8, [target(
-        f"(stallwatch_deployment_member_info{{{DEPL}}}\n"
-        f"  * on (job, instance, server) group_left (phase) (stallwatch_startup_phase == 1))\n"
-        f"or on (job, instance, server) stallwatch_deployment_member_info{{{DEPL}}}", "", instant=True)],
-                    description="Each node of each deployment as its exporter reports it: node rank, role (the head "
-                                "judges the deployment; workers are never paged for a silent log, a closed port or "
-                                "idle GPUs), instance, server and its phase now. A node rank that no exporter "
-                                "reports is not here: see missing nodes. Each row links to the server's status "
-                                "page.",
-                    transformations=[{"id": "organize", "options": {
-                        "excludeByName": {"Time": True, "Value": True, "__name__": True, "job": True},
-                        "indexByName": {name: i for i, name in enumerate(
-                            ["deployment", "node_rank", "nnodes", "role", "instance", "server", "phase"])},
-                        "renameByName": {}}}],
-                    options={"sortBy": [{"displayName": "deployment"}, {"displayName": "node_rank"}]})
-    members["fieldConfig"]["defaults"]["links"] = [{"title": "Status page: verdict, processes, GPUs, last hour",
-                                                    "url": STATUS_URL, "targetBlank": True}]
+    row = section_row(DEPLOYMENT_ROW, y)
+    members = members_table(
+        "Deployment members", y + 1, f"stallwatch_deployment_member_info{{{DEPL}}}",
+        ["deployment", "node_rank", "nnodes", "role", "instance", "server", "phase"], ["deployment", "node_rank"],
+        "Each node of each deployment as its exporter reports it: node rank, role (the head judges the deployment; "
+        "workers are never paged for a silent log, a closed port or idle GPUs), instance, server and its phase now. A "
+        "node rank that no exporter reports is not here: see missing nodes. Each row links to the server's status "
+        "page.")
     return [
         row,
         members,
@@ -237,22 +247,12 @@ PD_MEMBER = f"* on (job, instance, server) group_left (pd_group, pd_role) stallw
 def pd_panels(y: int) -> list[dict[str, Any]]:
     """Prefill/decode disaggregated groups (rules: stallwatch.pd, InferencePD*), filtered by the `pd_group` variable
     alone: a group spans instances and is judged whole. Empty where no server is a PD member."""
-    row = {"type": "row", "title": PD_ROW, "collapsed": False, "panels": [],
-           "gridPos": {"x": 0, "y": y, "w": 24, "h": 1}}
-    members = panel("PD group members", "table", 0, y + 1, 12, 8, [target(
-        f"(stallwatch_pd_member_info{{{PDG}}}\n"
-        f"  * on (job, instance, server) group_left (phase) (stallwatch_startup_phase == 1))\n"
-        f"or on (job, instance, server) stallwatch_pd_member_info{{{PDG}}}", "", instant=True)],
-                    description="Each member of each prefill/decode group by role (prefill, decode, router), where "
-                                "it runs and its phase now. Each row links to the server's status page.",
-                    transformations=[{"id": "organize", "options": {
-                        "excludeByName": {"Time": True, "Value": True, "__name__": True, "job": True},
-                        "indexByName": {name: i for i, name in enumerate(
-                            ["pd_group", "pd_role", "instance", "server", "phase"])},
-                        "renameByName": {}}}],
-                    options={"sortBy": [{"displayName": "pd_group"}, {"displayName": "pd_role"}]})
-    members["fieldConfig"]["defaults"]["links"] = [{"title": "Status page: verdict, processes, GPUs, last hour",
-                                                    "url": STATUS_URL, "targetBlank": True}]
+    row = section_row(PD_ROW, y)
+    members = members_table(
+        "PD group members", y + 1, f"stallwatch_pd_member_info{{{PDG}}}",
+        ["pd_group", "pd_role", "instance", "server", "phase"], ["pd_group", "pd_role"],
+        "Each member of each prefill/decode group by role (prefill, decode, router), where it runs and its phase "
+        "now. Each row links to the server's status page.")
     return [
         row,
         members,
