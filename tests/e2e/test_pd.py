@@ -22,52 +22,56 @@ from support.stack import PIPELINE, rule_seconds
 # Idle, as the real engines are without traffic: nothing pending, the transfer counter where it stopped.
 IDLE = {"running": 0, "waiting": 0, "throughput": 0.0, "tokens_start": 5000, "interval": 0.5, "pending": {},
         "transfers_start": 40, "transfers_rate": 0.0}
-PREFILL, DECODE = 30000, 30001
+PREFILL, DECODE, PREFILL_2 = 30000, 30001, 30002
 
 
 class Group:
-    """Prefill, decode and their router on node 0 (the router lists both on its command line and retitles itself
-    `sglang::router`, so the exporter reads its workers from its metrics page), their schedulers holding GPUs 0
-    and 1."""
+    """Prefills (`prefills`: their ports), a decode and their router on node 0 (the router lists them on its command
+    line and retitles itself `sglang::router`, so the exporter reads its workers from its metrics page), each
+    server's scheduler holding a GPU of its own."""
 
-    def __init__(self, cluster: Cluster) -> None:
+    def __init__(self, cluster: Cluster, prefills: tuple[int, ...] = (PREFILL,)) -> None:
         self.cluster = cluster
         pd = ("--host", "127.0.0.1", "--enable-metrics")
-        self.prefill = cluster.engine(0, "sglang", t.sglang_pd_bootstrap(tp=1), final="serve", tp=1, port=PREFILL,
-                                      args=(*pd, "--disaggregation-mode", "prefill"), work=dict(IDLE), live_work=True)
+        self.prefills = [cluster.engine(0, "sglang", t.sglang_pd_bootstrap(tp=1), final="serve", tp=1, port=port,
+                                        args=(*pd, "--disaggregation-mode", "prefill"), work=dict(IDLE),
+                                        live_work=True) for port in prefills]
+        self.prefill = self.prefills[0]
         self.decode = cluster.engine(0, "sglang", t.sglang_healthy(tp=1), final="serve", tp=1, port=DECODE,
                                      args=(*pd, "--disaggregation-mode", "decode"), work=dict(IDLE), live_work=True)
-        urls = [f"http://127.0.0.1:{PREFILL}", f"http://127.0.0.1:{DECODE}"]
-        self.router = cluster.engine(0, "sglang_router", t.sglang_router_start([(urls[0], 8998)], [urls[1]], 8000),
-                                     final="serve", port=8000, args=("--prefill", urls[0], "8998", "--decode", urls[1]),
-                                     work={"running": 0}, live_work=True)
-        self._hold()
-        members = poll(lambda: (found := cluster.query("stallwatch_pd_member_info")) and len(found) == 3 and found,
-                       timeout=30, what="the group's three members")
+        urls = [f"http://127.0.0.1:{port}" for port in prefills]
+        listed = [arg for url in urls for arg in ("--prefill", url, "8998")]
+        self.router = cluster.engine(0, "sglang_router", t.sglang_router_start(
+            [(url, 8998) for url in urls], [f"http://127.0.0.1:{DECODE}"], 8000), final="serve", port=8000,
+            args=(*listed, "--decode", f"http://127.0.0.1:{DECODE}"), work={"running": 0}, live_work=True)
+        self._hold(len(prefills) + 1)
+        count = len(prefills) + 2
+        members = poll(lambda: (found := cluster.query("stallwatch_pd_member_info")) and len(found) == count
+                       and found, timeout=30, what="the group's members")
         self.key = members[0]["metric"]["pd_group"]
         assert {(m["metric"]["pd_group"], m["metric"]["pd_role"], m["metric"]["server"]) for m in members} == {
-            (self.key, "prefill", f"sglang-{PREFILL}"), (self.key, "decode", f"sglang-{DECODE}"),
+            *((self.key, "prefill", f"sglang-{port}") for port in prefills), (self.key, "decode", f"sglang-{DECODE}"),
             (self.key, "router", self.router_name)}
-        poll(lambda: len(cluster.query('stallwatch_startup_phase{phase="serving"} == 1')) == 3, timeout=30,
+        poll(lambda: len(cluster.query('stallwatch_startup_phase{phase="serving"} == 1')) == count, timeout=30,
              what="the group serving")
-        # The router's own view: both workers healthy.
-        poll(lambda: [w["value"][1] for w in cluster.query("stallwatch_router_worker_up")] == ["1", "1"], timeout=30,
-             what="the router's view of its workers")
+        # The router's own view: every worker healthy.
+        poll(lambda: [w["value"][1] for w in cluster.query("stallwatch_router_worker_up")] == ["1"] * (count - 1),
+             timeout=30, what="the router's view of its workers")
 
     @property
     def router_name(self) -> str:
         found = self.cluster.query('stallwatch_pd_member_info{pd_role="router"}')
         return found[0]["metric"]["server"] if found else ""
 
-    def _hold(self) -> None:
-        """Each server's scheduler (`sglang::scheduler` both, at TP 1) holds 75 GB on a GPU of its own."""
+    def _hold(self, servers: int) -> None:
+        """Each server's scheduler (`sglang::scheduler` all, at TP 1) holds 75 GB on a GPU of its own."""
         node = self.cluster.nodes[0]
 
         def schedulers() -> list[psutil.Process] | None:
             found = node.titled("sglang::scheduler")
-            return found if len(found) == 2 else None
+            return found if len(found) == servers else None
 
-        for gpu, proc in enumerate(poll(schedulers, timeout=30, what="both schedulers")):
+        for gpu, proc in enumerate(poll(schedulers, timeout=30, what="every scheduler")):
             self.cluster.gpus[0][gpu]["processes"] = [{"pid": ns_pid(proc.pid), "used": 75e9}]
         self.cluster.exporters[0].nvml.update(gpus=self.cluster.gpus[0])
 
@@ -155,3 +159,28 @@ def test_a_decode_whose_prefill_died_pages_as_peer_lost(tmp_path: Path, daemons:
         description = page["annotations"]["description"]
         assert "and 1 member(s) of its group have no process left" in description
         assert f"prefill sglang-{PREFILL} on {cluster.instance(0)} (its process gone)" in description
+
+
+@pytest.mark.root
+@pytest.mark.e2e
+def test_a_2p1d_group_is_silent_idle_and_while_its_decode_waits_on_a_long_prefill(tmp_path: Path,
+                                                                                  daemons: list) -> None:
+    """Two prefills, one decode and the router, idle for 10 scaled minutes; then SGLang's dual dispatch on one long
+    prompt: the decode waits in `transfer` for 4 scaled minutes while the first prefill runs the prompt (no token of
+    its own, the transfer counter flat, the router holding the request), and then the KV arrives and it decodes.
+    Nothing fires throughout, nor 3 minutes after."""
+    require_nodes()
+    with contextlib.ExitStack() as stack:
+        cluster = Cluster(stack, tmp_path, daemons, 1)
+        group = Group(cluster, (PREFILL, PREFILL_2))
+        group.quiet("10m")
+        group.prefill.update_work(running=1)
+        group.decode.update_work(pending={"transfer": 1})
+        group.router.update_work(running=1)
+        group.quiet("4m")
+        group.prefill.update_work(running=0)
+        group.decode.update_work(pending={}, running=1, throughput=40.0, transfers_rate=0.5)
+        group.quiet("1m")
+        group.decode.update_work(running=0, throughput=0.0, transfers_rate=0.0)
+        group.router.update_work(running=0)
+        group.quiet("3m")
