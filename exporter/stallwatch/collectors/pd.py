@@ -30,9 +30,9 @@ class PdCollector:
         states: dict[str, PageState] = {s.server: s for s in self.pages.states()} if self.pages is not None else {}
         looks = [server.look() for server in self.watcher.servers()]
         keys = group_keys(looks, states, self.node)
-        for look in looks:
-            if look.launch.pd is not None:
-                info.add_metric([look.name, keys[look.name], look.launch.pd.role], 1.0)
+        for name, (key, role) in keys.items():
+            if role:  # a member whose role no router on this node gives is not judged, nor shown
+                info.add_metric([name, key, role], 1.0)
         for look in looks:
             if look.launch.pd is None:
                 continue

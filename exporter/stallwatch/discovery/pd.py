@@ -34,7 +34,7 @@ class PdPlace:
     """A server's place in a PD group as its own process says: its role, and its group key ("" when only a router
     can say)."""
 
-    role: str  # prefill | decode | router
+    role: str  # prefill | decode | router; "" where only a router that lists it gives it (vLLM's `kv_both`)
     key: str = ""
     routes: tuple[tuple[str, str, int], ...] = ()  # a router's members from its command line: (role, host, port)
 
@@ -42,12 +42,12 @@ class PdPlace:
 def place(engine: Engine, argv: Sequence[str], environ: Mapping[str, str], configured: str | None,
           model: str) -> PdPlace | None:
     """The server's PD place; None for a server that is neither a PD member nor a router."""
+    spec = engine.disaggregation
     if engine.router is not None:
         role, routes = "router", tuple(engine.router.members(argv))
     else:
-        role = engine.disaggregation.role(argv) if engine.disaggregation is not None else ""
-        routes = ()
-    if not role:
+        role, routes = spec.role(argv) if spec is not None else "", ()
+    if not role and (spec is None or not spec.member(argv)):
         return None
     key = configured or ""
     if not key and environ.get("DYN_PARENT_DGD_K8S_NAME"):
@@ -68,21 +68,24 @@ class Seen:
     workers: tuple[str, ...] = ()  # a router's workers from its metrics page (URLs)
 
 
-def groups(servers: Iterable[Seen], node: str) -> dict[str, str]:
-    """Each PD member's and router's group key by server name ("" where none is known); `node` names this node in the
-    key of a group that only a router on it makes."""
+def groups(servers: Iterable[Seen], node: str) -> dict[str, tuple[str, str]]:
+    """Each PD member's and router's group key and role by server name (key "" where none is known; role "" where
+    neither its command line nor a router's lists give it); `node` names this node in the key of a group that only a
+    router on it makes."""
     seen = list(servers)
-    out = {s.name: s.place.key for s in seen}
+    out = {s.name: (s.place.key, s.place.role) for s in seen}
     for router in (s for s in seen if s.place.role == "router"):
-        listed = [(host, port) for _, host, port in router.place.routes]
-        listed += [address for url in router.workers if (address := _address(url)) is not None]
-        members = [m for m in seen if m.place.role != "router" and any(_lists(m, host, port) for host, port in listed)]
-        key = router.place.key or next((m.place.key for m in members if m.place.key), "") or KEY_OUTSIDE.sub(
+        listed = list(router.place.routes)
+        listed += [("", *address) for url in router.workers if (address := _address(url)) is not None]
+        # Each member it lists, with the role its lists give it ("" from its metrics page: a URL without a role).
+        members = [(m, next((role for role, host, port in listed if role and _lists(m, host, port)), ""))
+                   for m in seen if m.place.role != "router" and any(_lists(m, host, port) for _, host, port in listed)]
+        key = router.place.key or next((m.place.key for m, _ in members if m.place.key), "") or KEY_OUTSIDE.sub(
             "_", f"{node}/{router.name}"[:MAX_KEY_CHARS])
-        out[router.name] = key
-        for member in members:
-            if not out[member.name]:
-                out[member.name] = key
+        out[router.name] = (key, "router")
+        for member, role in members:
+            own_key, own_role = out[member.name]
+            out[member.name] = (own_key or key, own_role or role)
     return out
 
 

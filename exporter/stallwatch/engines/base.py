@@ -204,6 +204,13 @@ class Disaggregation:
     decode_flags: tuple[str, ...] = ()
     json_flags: tuple[str, ...] = ()
     json_key: str = ""
+    # Flags that make a server a PD member whose role only its router's lists give (vLLM's `--kv-transfer-config`
+    # with `kv_both`, which NixlConnector ignores: the proxy's `--prefiller-hosts`/`--decoder-hosts` fix the roles).
+    member_flags: tuple[str, ...] = ()
+
+    def member(self, argv: Sequence[str]) -> bool:
+        return any(arg in self.member_flags or arg.startswith(tuple(f"{f}=" for f in self.member_flags))
+                   or arg.startswith(tuple(f"{f}." for f in self.member_flags)) for arg in argv)
 
     def role(self, argv: Sequence[str]) -> str:
         """`prefill`, `decode`, or "" when the command line names neither."""

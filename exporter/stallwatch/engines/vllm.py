@@ -40,7 +40,8 @@ ENGINE = Engine(
     # `--kv-transfer-config.kv_role kv_consumer` (`config/kv_transfer.py`); `kv_both` says no role (the NIXL doc:
     # the proxy's lists fix the roles then, `docs/features/nixl_connector_usage.md@026c83f`).
     disaggregation=Disaggregation(json_flags=("--kv-transfer-config",), json_key="kv_role",
-                                  role_values=(("kv_producer", "prefill"), ("kv_consumer", "decode"))),
+                                  role_values=(("kv_producer", "prefill"), ("kv_consumer", "decode")),
+                                  member_flags=("--kv-transfer-config",)),
     # The stats line's `KV fetch: {a} waiting to start, {b} in progress, {c} completed waiting` on a KV consumer
     # (`v1/metrics/loggers.py:303-308`; DEBUG while idle, as the line it ends).
     pending_lines=(PendingLine(anchor=b"KV fetch: ", pattern=re.compile(

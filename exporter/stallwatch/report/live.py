@@ -95,17 +95,18 @@ class StatusPages:
                                page.error if page is not None else ""),
             gpu=gpu_section(look, runtime),
             log_lines=server.tail.lines() if self.evidence and server.tail is not None else [],
-            pd=pd_info(look, page, self._group(look)),
+            pd=pd_info(look, page, *self._group(look)),
         )
         return StatusView(assemble(look, seen), points, self.evidence)
 
-    def _group(self, look: Look) -> str:
-        """The server's PD group as the PD collector exports it (its routers' pages read on this node)."""
+    def _group(self, look: Look) -> tuple[str, str]:
+        """The server's PD group and role as the PD collector exports them (its routers' pages read on this node)."""
         if look.launch.pd is None:
-            return ""
+            return "", ""
         runtime = self.runtime
         states = {s.server: s for s in runtime.engine_pages.states()} if runtime.engine_pages is not None else {}
-        return group_keys([s.look() for s in runtime.watcher.servers()], states, node_name()).get(look.name, "")
+        keys = group_keys([s.look() for s in runtime.watcher.servers()], states, node_name())
+        return keys.get(look.name, ("", ""))
 
     def _stacks_of(self, name: str, processes: list[ProcessInfo]) -> list[StackGroup]:
         """The server's stacks: taken anew in the background when older than STACK_TTL_SECONDS (one round per

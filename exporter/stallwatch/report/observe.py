@@ -81,14 +81,15 @@ def identity(look: Look) -> Identity:
                     w.container, w.unit, launch.pid, launch.port, deployment, look.configured)
 
 
-def pd_info(look: Look, page: PageState | None, group: str) -> PdInfo | None:
+def pd_info(look: Look, page: PageState | None, group: str, role: str = "") -> PdInfo | None:
     """The server's place in its PD group: its role, its group, what it holds pending (its page's figures where it
     has them, else its batch lines'), its transfers and, for a router, its view of its workers; None for a server
-    that is no member."""
-    if look.launch.pd is None:
+    that is no member (or whose role no router on this node gives)."""
+    role = role or (look.launch.pd.role if look.launch.pd is not None else "")
+    if not role:
         return None
     pending = (page.pending if page is not None and page.pending else None) or look.log.pending or {}
-    return PdInfo(group, look.launch.pd.role, dict(sorted(pending.items())),
+    return PdInfo(group, role, dict(sorted(pending.items())),
                   page.transfers if page is not None else None,
                   dict(sorted(page.router.workers.items())) if page is not None and page.router is not None else {})
 

@@ -88,7 +88,7 @@ def gather(runtime: Runtime, name: str | None = None, window: float = 2.0, expor
         nvml.settle(min(nvml.timeout, look.left()))
         keys = _pd_groups(servers, look)
         reports = _each(servers, lambda s: assemble(*_observe(s, runtime, before[s.name], window, look,
-                                                               keys.get(s.name, ""))))
+                                                               keys.get(s.name, ("", "")))))
     finally:
         logs.close()
         for part in xids:
@@ -147,7 +147,7 @@ def _figures(look: Look, page: PageState) -> tuple[str, Figures | None, str]:
     return (*figures_of(look, page), page.error)
 
 
-def _pd_groups(servers: list[Server], deadline: Deadline) -> dict[str, str]:
+def _pd_groups(servers: list[Server], deadline: Deadline) -> dict[str, tuple[str, str]]:
     """Each PD member's group, with the workers of the routers' pages read now."""
     routers = {s.name: PageState(s.name, router=read_router(s, deadline.left()))
                for s in servers if s.engine.router is not None}
@@ -155,7 +155,7 @@ def _pd_groups(servers: list[Server], deadline: Deadline) -> dict[str, str]:
 
 
 def _observe(server: Server, runtime: Runtime, before: _Before, window: float,
-             deadline: Deadline, pd_group: str = "") -> tuple[Look, Observation]:
+             deadline: Deadline, pd: tuple[str, str] = ("", "")) -> tuple[Look, Observation]:
     """The server after the window. Its stacks and its page are taken while it is probed, all by `deadline`: a probe
     that waits it out leaves them their time."""
     prober = required(runtime.probes, "probe")
@@ -176,4 +176,4 @@ def _observe(server: Server, runtime: Runtime, before: _Before, window: float,
     made = made_in_window((then_source, then.tokens) if fresh and then is not None else None, (source, figures))
     return look, Observation(window, processes, groups, port_info(look.launch, probes),
                              engine_info((source, figures), made, error), gpu_section(look, runtime),
-                             server.tail.lines() if server.tail else [], pd_info(look, read, pd_group))
+                             server.tail.lines() if server.tail else [], pd_info(look, read, *pd))

@@ -16,8 +16,8 @@ def node_name() -> str:
     return socket.gethostname()
 
 
-def group_keys(looks: Iterable[Look], states: Mapping[str, PageState], node: str) -> dict[str, str]:
-    """Each PD member's and router's group key by server name ("" where none is known)."""
+def group_keys(looks: Iterable[Look], states: Mapping[str, PageState], node: str) -> dict[str, tuple[str, str]]:
+    """Each PD member's and router's group key and role by server name (`discovery.pd.groups`)."""
     seen = []
     for look in looks:
         if look.launch.pd is None:

@@ -33,9 +33,10 @@ def test_a_stuck_decode_and_its_router_as_the_exporter_reads_them() -> None:
     router = look("r", engine="sglang_router", launch=Launch(host="0.0.0.0", port=8000, pd=PdPlace(
         "router", "", (("decode", "127.0.0.1", 30001),))))
     plain = look("plain")
+    unlisted = look("both", engine="vllm", launch=Launch(host="0.0.0.0", port=8300, pd=PdPlace("")))  # kv_both
     states = [PageState("d", pending={"prealloc": 1.0, "transfer": 3.0}, transfers=12.0),
               PageState("r", router=RouterView(True, {"http://127.0.0.1:30001": 1.0}, 3.0)), PageState("plain")]
-    families = _families([Looked(decode), Looked(router), Looked(plain)], states)
+    families = _families([Looked(decode), Looked(router), Looked(plain), Looked(unlisted)], states)
     assert [s.labels for s in families["stallwatch_pd_member_info"].samples] == [
         {"server": "d", "pd_group": "n/r", "pd_role": "decode"},
         {"server": "r", "pd_group": "n/r", "pd_role": "router"}]

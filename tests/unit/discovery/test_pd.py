@@ -33,17 +33,34 @@ def test_a_router_on_the_node_groups_the_members_it_lists_and_only_those() -> No
     seen = [Seen("p", PdPlace("prefill"), "127.0.0.1", 30000), Seen("d", PdPlace("decode"), "0.0.0.0", 30001),
             Seen("elsewhere", PdPlace("decode"), "0.0.0.0", 30002),
             Seen("router", _router(("prefill", "127.0.0.1", 30000), ("decode", "localhost", 30001)), "0.0.0.0", 8000)]
-    assert groups(seen, "node-a") == {"p": "node-a/router", "d": "node-a/router", "router": "node-a/router",
-                                      "elsewhere": ""}
+    assert groups(seen, "node-a") == {"p": ("node-a/router", "prefill"), "d": ("node-a/router", "decode"),
+                                      "router": ("node-a/router", "router"), "elsewhere": ("", "decode")}
 
 
 def test_a_router_whose_flags_are_gone_reads_its_members_from_its_metrics_page() -> None:
     seen = [Seen("p", PdPlace("prefill"), "127.0.0.1", 30000),
             Seen("router", _router(), "0.0.0.0", 8000, workers=("http://127.0.0.1:30000",))]
-    assert groups(seen, "n")["p"] == "n/router"
+    assert groups(seen, "n")["p"] == ("n/router", "prefill")
 
 
 def test_a_router_joins_the_group_its_members_are_configured_in_and_a_remote_host_is_not_a_member() -> None:
     seen = [Seen("p", PdPlace("prefill", "kimi"), "127.0.0.1", 30000), Seen("d", PdPlace("decode"), "0.0.0.0", 30001),
             Seen("router", _router(("prefill", "127.0.0.1", 30000), ("decode", "10.0.0.9", 30001)), "0.0.0.0", 8000)]
-    assert groups(seen, "n") == {"p": "kimi", "d": "", "router": "kimi"}
+    assert groups(seen, "n") == {"p": ("kimi", "prefill"), "d": ("", "decode"), "router": ("kimi", "router")}
+
+
+def test_a_vllm_kv_both_server_takes_its_role_from_the_proxys_lists() -> None:
+    """NixlConnector ignores `kv_role` (the usage doc's own example is `kv_both`): the toy proxy's lists say which
+    server prefills; a `kv_both` server no router lists has no role, and a server without a KV connector is none."""
+    vllm, proxy = ENGINES["vllm"], ENGINES["vllm_proxy"]
+    both = place(vllm, ["vllm", "serve", "m", "--port", "8100", "--kv-transfer-config",
+                        '{"kv_connector":"NixlConnector","kv_role":"kv_both"}'], {}, None, "m")
+    assert both == PdPlace("", "")
+    assert place(vllm, ["vllm", "serve", "m", "--port", "8000"], {}, None, "m") is None
+    router = place(proxy, ["--prefiller-hosts", "localhost", "--prefiller-ports", "8100", "--decoder-hosts",
+                           "localhost", "--decoder-ports", "8200"], {}, None, "")
+    assert router is not None and both is not None
+    seen = [Seen("p", both, "0.0.0.0", 8100), Seen("d", both, "0.0.0.0", 8200), Seen("lone", both, "0.0.0.0", 8300),
+            Seen("proxy", router, "127.0.0.1", 8000)]
+    assert groups(seen, "n") == {"p": ("n/proxy", "prefill"), "d": ("n/proxy", "decode"), "lone": ("", ""),
+                                 "proxy": ("n/proxy", "router")}
