@@ -46,8 +46,9 @@ class Group:
             args=(*listed, "--decode", f"http://127.0.0.1:{DECODE}"), work={"running": 0}, live_work=True)
         self._hold(len(prefills) + 1)
         count = len(prefills) + 2
-        members = poll(lambda: (found := cluster.query("stallwatch_pd_member_info")) and len(found) == count
-                       and found, timeout=30, what="the group's members")
+        # Each member's group once the router's page is read (an empty `pd_group` before: Prometheus drops the label).
+        members = poll(lambda: (found := cluster.query('stallwatch_pd_member_info{pd_group!=""}'))
+                       and len(found) == count and found, timeout=30, what="the group's members")
         self.key = members[0]["metric"]["pd_group"]
         assert {(m["metric"]["pd_group"], m["metric"]["pd_role"], m["metric"]["server"]) for m in members} == {
             *((self.key, "prefill", f"sglang-{port}") for port in prefills), (self.key, "decode", f"sglang-{DECODE}"),
