@@ -16,15 +16,22 @@ with the runtime. The frontend (`python -m dynamo.frontend`, which holds no mode
 Not covered: judging a worker's progress at the frontend (`dynamo_frontend_output_tokens_total`, keyed by
 `DYN_NAMESPACE`); an SGLang worker's DP groups told apart in its batch lines (Dynamo writes them without SGLang's
 `[time DPn TPn]` prefix); the SGLang and TensorRT-LLM workers' `/metrics` (what their system port re-exports is
-not pinned); the TensorRT-LLM worker's figures; a worker's prefill/decode role; a worker over several nodes."""
+not pinned); the TensorRT-LLM worker's figures; a worker over several nodes.
+
+A worker's prefill/decode role: `--disaggregation-mode prefill|decode|agg|encode` (`dynamo/vllm/backend_args.py:
+106-117`, `dynamo/common/constants.py:16-22`, `dynamo/trtllm/backend_args.py:225`), older vLLM workers'
+`--is-prefill-worker`/`--is-decode-worker`; its group is its Dynamo graph or namespace (`discovery/pd.py`)."""
 
 import re
 from dataclasses import replace
 
-from stallwatch.engines.base import Engine, Rule, StatsLine, rule
+from stallwatch.engines.base import Disaggregation, Engine, Rule, StatsLine, rule
 from stallwatch.engines.sglang import ENGINE as SGLANG_ENGINE
 from stallwatch.engines.trtllm import ENGINE as TRTLLM_ENGINE
 from stallwatch.engines.vllm import ENGINE as VLLM_ENGINE
+
+ROLE = Disaggregation(role_flags=("--disaggregation-mode",), role_values=(("prefill", "prefill"), ("decode", "decode")),
+                      prefill_flags=("--is-prefill-worker",), decode_flags=("--is-decode-worker",))
 
 # Every worker's own lines, ahead of its engine's.
 WORKER_RULES: tuple[Rule, ...] = (
@@ -52,6 +59,7 @@ def worker(inner: Engine, module: str, rules: tuple[Rule, ...] = (), **changes: 
         port_env="DYN_SYSTEM_PORT",
         model_commands=(),
         multinode=None,
+        disaggregation=ROLE,
         # The Rust logger's `2026-07-08T22:28:35.504473Z  INFO register.register_model_with_readiness_gate: `.
         # After a child's `(EngineCore_DP0 pid=7) ` as vLLM writes it.
         line_prefix=rb"(?:\(\S+ pid=\d+\) )?(?:\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?Z +[A-Z]+ +\S+: )?",

@@ -18,7 +18,7 @@ command line: `mp_engine/zmq_engine.py:107-112`), is the role `ZMQMPEngine`."""
 
 import re
 
-from stallwatch.engines.base import Engine, MetricsSpec, StatsLine, heartbeats, rule
+from stallwatch.engines.base import Disaggregation, Engine, MetricsSpec, StatsLine, heartbeats, rule
 
 ENGINE = Engine(
     name="lmdeploy",
@@ -33,6 +33,9 @@ ENGINE = Engine(
     model_commands=("api_server",),
     model_flags=("--model-path", "--model_path"),
     tp_flags=("--tp",),
+    # `--role Hybrid|Prefill|Decode` of a PD disaggregated server (research/disaggregation.md section 8; `Hybrid`, the
+    # default, is none).
+    disaggregation=Disaggregation(role_flags=("--role",), role_values=(("prefill", "prefill"), ("decode", "decode"))),
     # `/health` (`endpoints/management.py`): 200 `{"status": "healthy", ...}` (or `sleeping`), else 503 with the
     # monitor's `message` (`serve/core/health.py`, `async_engine.py` `_validate_scheduler_progress`): `Backend
     # scheduler_tick has not advanced for 95.3s.` (a stalled scheduler with requests dispatched, since 2026-05-28,

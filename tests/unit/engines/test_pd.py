@@ -17,6 +17,12 @@ from stallwatch.engines import ENGINES
     ("vllm", ["--kv-transfer-config.kv_role", "kv_consumer"], "decode"),
     ("vllm", ["--kv-transfer-config", '{"kv_connector":"NixlConnector","kv_role":"kv_both"}'], ""),
     ("vllm", ["--kv-transfer-config", "{not json"], ""),
+    ("lmdeploy", ["serve", "api_server", "m", "--role", "Prefill"], "prefill"),
+    ("lmdeploy", ["serve", "api_server", "m", "--role", "Hybrid"], ""),
+    ("dynamo-vllm", ["-m", "dynamo.vllm", "--disaggregation-mode", "decode"], "decode"),
+    ("dynamo-vllm", ["-m", "dynamo.vllm", "--is-prefill-worker"], "prefill"),
+    ("dynamo-sglang", ["-m", "dynamo.sglang", "--disaggregation-mode", "agg"], ""),
+    ("dynamo-trtllm", ["-m", "dynamo.trtllm", "--disaggregation-mode", "prefill"], "prefill"),
 ])
 def test_a_servers_pd_role_is_read_from_its_command_line(name: str, argv: list[str], role: str) -> None:
     spec = ENGINES[name].disaggregation
