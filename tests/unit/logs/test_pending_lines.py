@@ -7,6 +7,7 @@ import pytest
 
 from stallwatch.engines import ENGINES
 from stallwatch.logs.interpret import LogInterpreter
+from support.transcripts import REAL_LOGS
 
 # Real lines (research/disaggregation.md section 1.3; sglang's `metrics_reporter.py` formats with DP ranks).
 PREFILL = (b"[2026-09-24 01:47:50.615 DP3 TP3 EP3] Prefill batch [1], #new-seq: 1, #new-token: 64, #cached-token: 0, "
@@ -70,3 +71,15 @@ def test_the_decode_sides_reconnect_attempts_are_heartbeats_not_progress() -> No
     interpreter = LogInterpreter(ENGINES["sglang"])
     interpreter.feed(b"[2026-11-20 10:00:00 TP0] Attempting to reconnect to 10.0.0.1:8998...\n")
     assert interpreter.snapshot().progress is None
+
+
+def test_a_published_pd_decode_log_gives_each_dp_ranks_pending_stages() -> None:
+    """A real SGLang PD decode head's log (tests/fixtures/logs/SOURCES.md: Ascend, DP16 with DP attention, its
+    `Decode batch, ..., #prealloc-req: 0, #transfer-req: 0, ...` lines per DP rank, `npu graph` wording)."""
+    interpreter = _interpreter("sglang", "decode")
+    data = (REAL_LOGS / "sglang-ascend-pd-decode-retract-crash.log").read_bytes()
+    for line in data.splitlines(keepends=True):
+        interpreter.feed(line)
+    assert interpreter.snapshot().pending == {"prealloc": 0, "transfer": 0}
+    lines = [line for line in data.splitlines() if b"#transfer-req: " in line]
+    assert lines and all(b"Decode batch" in line for line in lines)
