@@ -324,27 +324,27 @@ STATS_LINES = {"vllm": _vllm_stats, "sglang": _sglang_stats, "lmdeploy": _lmdepl
                "aphrodite-vllm": _aphrodite_stats}
 
 
-def _sglang_prefill_batch(clock: str, rank: int, running: int, waiting: int, throughput: float, ranks: int,
-                          work: Work) -> str:
-    """A PD prefill server's batch line (`metrics_reporter.py:766-772`)."""
+# A PD server's batch line after its `[time TP0] ` prefix (`metrics_reporter.py:766-772` prefill,
+# `:1023-1043` decode): its PD queues beside running and waiting.
+SGLANG_PD_BATCH = {
+    "prefill": ("Prefill batch, #new-seq: 1, #new-token: 8192, #cached-token: 0, token usage: 0.05, #running-req: "
+                "{running}, #queue-req: {waiting}, #pending-token: 0, #bootstrap-req: {bootstrap}, #inflight-req: "
+                "{inflight}, #optimistic-req: 0, cuda graph: False, input throughput (token/s): 4096.00"),
+    "decode": ("Decode batch, #running-req: {running}, #token: 4096, token usage: 0.03, pre-allocated usage: 0.01, "
+               "#prealloc-req: {prealloc}, #transfer-req: {transfer}, #retracted-req: 0, cuda graph: True, gen "
+               "throughput (token/s): {throughput:.2f}, #queue-req: {waiting}"),
+}
+
+
+def _sglang_pd_batch(clock: str, rank: int, running: int, waiting: int, throughput: float, ranks: int,
+                     work: Work) -> str:
     prefix = f"DP{rank} TP0" if ranks > 1 else "TP0"
-    return (f"[2026-11-20 {clock} {prefix}] Prefill batch, #new-seq: 1, #new-token: 8192, #cached-token: 0, token "
-            f"usage: 0.05, #running-req: {running}, #queue-req: {waiting}, #pending-token: 0, #bootstrap-req: "
-            f"{int(work.pending('bootstrap'))}, #inflight-req: {int(work.pending('inflight'))}, #optimistic-req: 0, "
-            f"cuda graph: False, input throughput (token/s): 4096.00\n")
+    stages = {stage: int(work.pending(stage)) for stage in ("bootstrap", "inflight", "prealloc", "transfer")}
+    line = SGLANG_PD_BATCH[work.role].format(running=running, waiting=waiting, throughput=throughput, **stages)
+    return f"[2026-11-20 {clock} {prefix}] {line}\n"
 
 
-def _sglang_decode_batch(clock: str, rank: int, running: int, waiting: int, throughput: float, ranks: int,
-                         work: Work) -> str:
-    """A PD decode server's batch line (`metrics_reporter.py:1023-1043`)."""
-    prefix = f"DP{rank} TP0" if ranks > 1 else "TP0"
-    return (f"[2026-11-20 {clock} {prefix}] Decode batch, #running-req: {running}, #token: 4096, token usage: 0.03, "
-            f"pre-allocated usage: 0.01, #prealloc-req: {int(work.pending('prealloc'))}, #transfer-req: "
-            f"{int(work.pending('transfer'))}, #retracted-req: 0, cuda graph: True, gen throughput (token/s): "
-            f"{throughput:.2f}, #queue-req: {waiting}\n")
-
-
-PD_STATS_LINES = {"sglang": {"prefill": _sglang_prefill_batch, "decode": _sglang_decode_batch}}
+PD_STATS_LINES = {"sglang": {"prefill": _sglang_pd_batch, "decode": _sglang_pd_batch}}
 
 
 DUMMY_ROUTES = ("/health", "/health_generate", "/ping")

@@ -7,6 +7,7 @@ import pytest
 
 from stallwatch.engines import ENGINES
 from stallwatch.logs.interpret import LogInterpreter
+from support.sim import enginesim
 from support.transcripts import REAL_LOGS
 
 # Real lines (research/disaggregation.md section 1.3; sglang's `metrics_reporter.py` formats with DP ranks).
@@ -83,3 +84,13 @@ def test_a_published_pd_decode_log_gives_each_dp_ranks_pending_stages() -> None:
     assert interpreter.snapshot().pending == {"prealloc": 0, "transfer": 0}
     lines = [line for line in data.splitlines() if b"#transfer-req: " in line]
     assert lines and all(b"Decode batch" in line for line in lines)
+
+
+@pytest.mark.parametrize(("role", "stages"), [("prefill", {"bootstrap": 3, "inflight": 1}),
+                                              ("decode", {"prealloc": 4, "transfer": 5})])
+def test_the_simulated_pd_batch_lines_are_read_as_the_real_ones(role: str, stages: dict[str, int]) -> None:
+    work = enginesim.Work("sglang", {"running": 2, "waiting": 1, "throughput": 10.0,
+                                     "pending": {"bootstrap": 3, "inflight": 1, "prealloc": 4, "transfer": 5}}, role)
+    interpreter = _interpreter("sglang", role)
+    interpreter.feed(work.stats_lines().encode())
+    assert interpreter.snapshot().pending == stages
