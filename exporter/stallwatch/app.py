@@ -66,9 +66,11 @@ def oneshot(config: Config) -> Runtime:
     config = dataclasses.replace(config, web=dataclasses.replace(config.web, show_evidence=True))
     watcher = Watcher(config, hold_logs=True)
     pages, gpu = config.collector("engine_metrics", EngineMetricsSettings), config.collector("gpu", GpuSettings)
+    nvml = Nvml(gpu.sample_interval, gpu.timeout, rootfs=config.paths.rootfs, procfs=config.paths.procfs)
+    # The Xids as the exporter has them (audit 2026-12-02 #12): NVML's events in the window, the kernel log's lines
+    # from its start.
     return Runtime(
-        config, watcher,
-        nvml=Nvml(gpu.sample_interval, gpu.timeout, rootfs=config.paths.rootfs, procfs=config.paths.procfs),
+        config, watcher, nvml=nvml, xid=XidEvents(nvml), kernel_xids=KernelXids(config.paths.kmsg),
         probes=ProbeManager(config.paths.procfs, config.collector("probe", ProbeSettings).enter_netns),
         engine_pages=EnginePageManager(pages.interval, pages.timeout),
         logs=LogManager(watcher, config.collector("logs", LogsSettings).poll_interval, replay_events=True))

@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import subprocess
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from stallwatch.report.model import SCHEMA as SCHEMA_PATH
 from stallwatch.signals.nvml import NO_GPU, UNAVAILABLE, shows_nvidia_gpu
 from support import transcripts
 from support import transcripts as t
-from support.harness import Engine, Exporter, diagnose, gpus, poll
+from support.harness import DIAGNOSE_STALE, Engine, Exporter, diagnose, gpus, poll
 
 SCHEMA = json.loads(SCHEMA_PATH.read_text())
 
@@ -120,6 +121,24 @@ def test_capture_spinning_in_a_collective_and_a_gpu_fault(tmp_path: Path, engine
     out = diagnose(tmp_path, sim.name, nvml=held)
     assert "VERDICT: FAILED: GPU 3 (GPU-" in out.stdout and "the driver asks for: node reboot" in out.stdout, out.stdout
     assert "70 W of 700 W, recovery action node reboot" in out.stdout
+
+
+def test_diagnose_shows_the_kernel_logs_xids_and_nvmls_in_its_window(tmp_path: Path, engine) -> None:
+    """`diagnose` reads the kernel log from its start and NVML's events in its window, as the exporter does (audit
+    2026-12-02 #12: its runtime had neither, and a GPU that fell off the bus was "STARTING")."""
+    sim = engine("sglang", transcripts.sglang_until_shards(1, 4), final="stall", tp=1)
+    poll(_logged(sim, "4/4"), what="the last shard line")
+    at = int((time.monotonic() - 120) * 1e6)  # /dev/kmsg's clock: microseconds since boot, 2 minutes ago
+    kmsg = tmp_path / "kmsg"
+    kmsg.write_bytes(f"4,7,{at},-;NVRM: Xid (PCI:0000:18:00): 79, pid='<unknown>', name=<unknown>, "
+                     "GPU has fallen off the bus.\n".encode())
+    held = _held_by(sim, 2)
+    held["events"] = [{"id": 1, "gpu": 1, "type": "xid", "data": 109}]
+    out = diagnose(tmp_path, sim.name, config=f"{DIAGNOSE_STALE}paths: {{kmsg: {kmsg}}}\n", nvml=held)
+    assert out.returncode == 1, out.stdout + out.stderr
+    verdict = out.stdout.splitlines()[1]
+    assert verdict.startswith("VERDICT: FAILED: GPU 0 (GPU-") and "Xid 79 in the kernel log 2 min ago" in verdict
+    assert "Xid 109 x1 " in out.stdout, out.stdout
 
 
 def test_healthy_idle_server(tmp_path: Path, engine) -> None:

@@ -75,15 +75,16 @@ def gather(runtime: Runtime, name: str | None = None, window: float = 2.0, expor
             raise
         return from_exporter(exporter, name, unknown)
     nvml.start()  # its readers read while the window runs
-    xids = [part for part in (runtime.xid, runtime.kernel_xids) if part is not None]  # an Xid in the window is seen,
-    for part in xids:  # and the kernel log's from before
-        part.start()
+    if runtime.xid is not None:  # an Xid in the window is seen
+        runtime.xid.start()
     try:
         logs.poll()
         began = Deadline(window)
         before = _each(servers, lambda s: _before(s, runtime, began))
         time.sleep(began.left())
         logs.poll()
+        if runtime.kernel_xids is not None:  # the kernel log's, from its start to now, read here: none is missed
+            runtime.kernel_xids.read_once()
         look = Deadline(LOOK_SECONDS)
         nvml.settle(min(nvml.timeout, look.left()))
         keys = _pd_groups(servers, look)
@@ -91,8 +92,8 @@ def gather(runtime: Runtime, name: str | None = None, window: float = 2.0, expor
                                                                keys.get(s.name, ("", "")))))
     finally:
         logs.close()
-        for part in xids:
-            part.stop()
+        if runtime.xid is not None:
+            runtime.xid.stop()
         nvml.stop()
     return Report(__version__, time.time(), [reports[s.name] for s in servers])
 

@@ -138,6 +138,13 @@ class KernelXids:
     def stop(self) -> None:
         self._stop.set()  # the loop closes the log after its read in progress
 
+    def read_once(self) -> None:
+        """Everything the log has now, read in the caller's thread and closed (a one-shot reader, never started)."""
+        try:
+            self._read()
+        finally:
+            self._close()
+
     def _read(self) -> None:
         """Everything the log has now, a plain file followed to the new one at its path; the error (no such file, no
         permission) logged once until it clears."""

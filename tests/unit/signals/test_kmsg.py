@@ -166,3 +166,13 @@ def test_a_plain_file_log_is_followed_across_rotation_and_truncation(tmp_path: P
     assert seen() == [(13, 2, 2), (48, 4, 1), (62, 3, 1)]  # each line once
     reader.stop()
     reader._read()
+
+
+def test_a_one_shot_read_has_every_line_so_far_in_the_callers_thread_and_closes_the_log(tmp_path: Path) -> None:
+    """`stallwatch diagnose` reads the log once, never starting the loop (audit 2026-12-02 #12)."""
+    path = tmp_path / "kern.log"
+    path.write_bytes(b"NVRM: Xid (PCI:0000:3b:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.\n")
+    xids = KernelXids(str(path))
+    xids.read_once()
+    assert [(x.pci, x.xid) for x in xids.latest()] == [("0000:3b:00", 79)]
+    assert xids._fd is None  # nothing left open by a reader that has no loop to close it
