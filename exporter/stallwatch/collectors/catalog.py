@@ -90,6 +90,9 @@ CATALOG: dict[str, Family] = {
     "log_size_bytes": Family("gauge", "Current size of the log file, bytes.", LOG),
     "log_read_bytes_total": Family("counter", "Bytes read from the log, across rotation and truncation.", LOG),
     "log_lines_total": Family("counter", "Lines read from the log, across rotation and truncation.", LOG),
+    "log_backlog_bytes": Family("gauge", "Bytes of the log file not read yet.", LOG),
+    "log_skipped_bytes_total": Family(
+        "counter", "Bytes of the log left unread because it grew faster than its read budget.", LOG),
     "log_last_line_timestamp_seconds": Family(
         "gauge", "When the log last grew (bytes, not only newlines), seconds since the epoch.", LOG),
     "log_last_line_age_seconds": Family("gauge", "Seconds since the log last grew.", LOG),

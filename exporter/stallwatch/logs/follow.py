@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from stallwatch.logs.budget import ReadBudget
 from stallwatch.logs.formats import Transcoder, decoder_for
 from stallwatch.logs.interpret import LogInterpreter
 from stallwatch.logs.journal import JournalReader
@@ -45,6 +46,8 @@ class FileStats:
     read_bytes: int
     lines: int
     last_growth: float | None
+    backlog: int = 0  # bytes of the file not read yet
+    skipped_bytes: int = 0  # bytes left unread because the file grew faster than its read budget (`logs.budget`)
 
 
 class Follower:
@@ -62,6 +65,8 @@ class Follower:
         self._read_bytes = 0
         self._lines = 0
         self._last_growth: float | None = None
+        self._backlog = 0
+        self._skipped = 0
         self._stats = FileStats(server, self.path, False, None, 0, 0, None)
 
     def stats(self) -> FileStats:
@@ -69,7 +74,7 @@ class Follower:
 
     def _publish(self) -> None:
         self._stats = FileStats(self.server, self.path, self._up, self._size, self._read_bytes, self._lines,
-                                self._last_growth)
+                                self._last_growth, self._backlog, self._skipped)
 
     def mark_down(self, exc: Exception) -> None:
         self._up = False
@@ -90,8 +95,9 @@ class Follower:
         _close(held)
 
     def poll(self, deadline: float | None = None) -> bool:
-        """Read what is new, until `deadline` (monotonic) when given: whether some is left to read. The figures are
-        published when it returns or raises."""
+        """Read what is new, until `deadline` (monotonic) when given: whether some is left to read now (a file that
+        has read its budget's share waits for a later pass: False). The figures are published when it returns or
+        raises."""
         try:
             return self._poll(deadline)
         finally:
@@ -152,12 +158,13 @@ class LogFile(Follower):
     def __init__(self, server: str, source: LogSource, interpreter: LogInterpreter,
                  wall: Callable[[], float] = time.time, recover: bool = True, recover_events: bool = False,
                  replayed: Callable[[tuple[int, int]], bool] = lambda ident: False,
-                 news_from: int | None = None, held: int | None = None) -> None:
+                 news_from: int | None = None, held: int | None = None, budget: ReadBudget | None = None) -> None:
         """`replayed(ident)`: whether another follower already replayed that (device, inode), which this one then
         reads from its end (the processes of several servers can share one stdout file). `news_from`: the file's
         size when its server was found; past it the first open reads news, not a replay, however late it comes.
         `held`: a descriptor of the file that discovery opened (`HeldLogs`), now this follower's: read when
-        `open_path` is gone before the follower opened it (the process exited first), closed once it has."""
+        `open_path` is gone before the follower opened it (the process exited first), closed once it has. `budget`:
+        how much of the file a poll may read (a started follower thread's; a one-shot reader reads it all)."""
         super().__init__(server, source, interpreter)
         self._wall = wall
         self._decoder = decoder_for(source.format)
@@ -174,6 +181,9 @@ class LogFile(Follower):
         self._seen = 0  # the size last seen: a larger one is growth, however far behind the reading is
         self._partial = bytearray()
         self._overlong = False
+        self._budget = budget
+        self._resync = False  # reading goes on mid-line after a skip: from the next line
+        self._skipped_once = False
 
     def retarget(self, source: LogSource, held: int | None = None) -> None:
         """The same log, now reached another way (a restarted process's `/proc/PID/fd` link), with that process's
@@ -222,12 +232,34 @@ class LogFile(Follower):
         self._size = size
         self._note_size(size)
         try:
+            if self._budget is not None and self._replay is None and self._budget.too_far_behind(size - self._offset):
+                self._skip_to(self._fd, size)
             behind = self._read(self._fd, deadline)
         except OSError as exc:
             self.mark_down(exc)
             return False
+        finally:
+            self._backlog = max(0, size - self._offset)
         self.mark_up()
         return behind
+
+    def _skip_to(self, fd: int, size: int) -> None:
+        """Leave the bytes up to `size` unread, counted as skipped: the file grows faster than its budget reads it.
+        Reading goes on from the next whole line."""
+        skipped = size - self._offset
+        self._skipped += skipped
+        if not self._skipped_once:
+            log.warning("log %s of %s grows faster than it is read: %d bytes skipped (counted in "
+                        "stallwatch_log_skipped_bytes_total)", self.path, self.server, skipped)
+            self._skipped_once = True
+        self._offset = size
+        self._partial.clear()
+        self._overlong = False
+        self._decoder.reset()
+        self._text.reset()
+        self._text.begin(os.pread(fd, 2, 0), size)
+        tail = os.pread(fd, 2, max(0, size - 2))  # a line's end in UTF-8 or UTF-16 (LE `\n\0`, BE `\0\n`)
+        self._resync = not (size == 0 or tail.endswith(b"\n") or tail == b"\n\x00")
 
     def _note_size(self, size: int) -> None:
         """The log grew when its size did, not when its bytes are read (which may come later)."""
@@ -295,8 +327,12 @@ class LogFile(Follower):
             if replay is not None and self._offset >= replay.end:
                 self._end_replay(replay)
                 replay = None
+            if self._budget is not None and not self._budget.allows():
+                return False  # this second's share is read: the rest waits for a later pass, not for this one
             want = CHUNK_BYTES if replay is None else min(CHUNK_BYTES, replay.end - self._offset)
             data = os.pread(fd, want, self._offset)
+            if self._budget is not None:
+                self._budget.spend(len(data))
             if not data:
                 if replay is None:
                     return False
@@ -304,13 +340,24 @@ class LogFile(Follower):
                 continue
             self._offset += len(data)
             utf8 = self._text.decode(data)
+            transcoded = len(data) - len(utf8)
+            if self._resync:
+                utf8 = self._line_start(utf8)
             text = self._decoder.decode(utf8)
             if replay is None:  # the engine's bytes without the runtime's framing; a transcoded file's as the file's
-                self._read_bytes += len(text) + len(data) - len(utf8)
+                self._read_bytes += len(text) + transcoded
                 self._lines += text.count(b"\n")
             self._consume(text, count=replay is None or self._recover_events)
             if deadline is not None and time.monotonic() >= deadline:
                 return True
+
+    def _line_start(self, utf8: bytes) -> bytes:
+        """What follows the end of the line a skip landed in (the line's rest is skipped too)."""
+        cut = utf8.find(b"\n")
+        dropped = len(utf8) if cut < 0 else cut + 1
+        self._skipped += dropped
+        self._resync = cut < 0
+        return utf8[dropped:]
 
     def _end_replay(self, replay: _Replay) -> None:
         self._flush_partial(count=self._recover_events)

@@ -1,7 +1,8 @@
 """Following every watched server's logs from one thread: a follower per log (`logs.follow`), made and dropped as
 the watcher's servers and their log sources change, configured globs expanded. inotify (watchdog) wakes the thread
 at once; polling is the floor, so network filesystems without events still work. Each file has a read budget per
-pass, so that one (a flood, a hostile one) cannot starve the others."""
+pass, so that one (a flood, a hostile one) cannot starve the others, and a byte budget per second (`logs.budget`), so
+that one that grows faster than it can be read costs a bounded share of the thread, its backlog skipped."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from stallwatch.config import CollectorSettings
 from stallwatch.config.reader import setting
 from stallwatch.config.values import LOOP_INTERVAL
 from stallwatch.discovery.watcher import Watcher
+from stallwatch.logs.budget import READ_LIMITS, ReadBudget, ReadLimits
 from stallwatch.logs.follow import FileStats, Follower, JournalLog, LogFile
 from stallwatch.logs.source import LogSource
 from stallwatch.loops import run_every
@@ -51,10 +53,13 @@ class LogManager:
     """Follows every watched server's log files from one thread, woken by inotify or the poll interval."""
 
     def __init__(self, watcher: Watcher, poll_interval: float, wall: Callable[[], float] = time.time,
-                 stale_after: float | None = None, replay_events: bool = False) -> None:
+                 stale_after: float | None = None, replay_events: bool = False,
+                 read_limits: ReadLimits = READ_LIMITS) -> None:
         """`replay_events`: count the events of a recovered file's replay (from its last launch) too, as a one-shot
-        reader (`stallwatch diagnose`) wants the events of the current launch."""
+        reader (`stallwatch diagnose`) wants the events of the current launch. `read_limits`: each file's byte
+        budget once started (a one-shot reader reads it all)."""
         self.watcher = watcher
+        self._read_limits = read_limits
         self._replay_events = replay_events
         self.poll_interval = poll_interval
         self._wall = wall
@@ -112,7 +117,8 @@ class LogManager:
                                            recover_events=launched_since,
                                            replayed=self._followed,
                                            news_from=dict(server.launch.log_sizes).get(source.open_path),
-                                           held=held)
+                                           held=held,
+                                           budget=None if self._budget is None else ReadBudget(self._read_limits))
             files = list(self._files.values())
         behind = False
         for f in files:

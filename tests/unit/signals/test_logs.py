@@ -17,6 +17,7 @@ from stallwatch.collectors.logs import LogsCollector
 from stallwatch.config import Paths
 from stallwatch.discovery.watcher import Watcher
 from stallwatch.discovery.workload import Workload
+from stallwatch.logs.budget import ReadLimits
 from stallwatch.logs.source import LogSource
 from stallwatch.signals.logs import LogManager
 from support import transcripts
@@ -239,3 +240,33 @@ def _open(path: Path) -> int:
     """How many of this process's descriptors hold `path`."""
     fds = Path("/proc/self/fd")
     return sum(1 for fd in fds.iterdir() if os.path.realpath(fd) == str(path))
+
+
+def test_a_file_growing_a_gib_a_second_reads_its_budget_and_skips_the_rest(tmp_path: Path) -> None:
+    """A stdout file extended by 1 GiB a second (holes: no disk used) was read to its end, 9 GB in 30 s at most of a
+    core (audit 2026-12-02 #14). A started manager reads at most its byte budget of it a second and counts the rest
+    as skipped; the other server's line is read all the same."""
+    flood, real = tmp_path / "flood.log", tmp_path / "real.log"
+    flood.write_bytes(b"")
+    real.write_bytes(b"")
+    watcher = log_watcher({"flood": [flood], "real": [real]})
+    limits = ReadLimits(bytes_per_second=4 << 20, max_backlog_bytes=16 << 20)
+    manager = LogManager(watcher, poll_interval=0.1, read_limits=limits)
+    began = time.monotonic()
+    manager.start()
+    try:
+        poll(lambda: any(s.server == "flood" and s.up for s in manager.stats()), what="the flood file followed")
+        size = 0
+        for _ in range(10):  # as fast as the test can: faster than the audit's GiB a second
+            size += 1 << 30
+            os.truncate(flood, size)
+        append(real, LAUNCH)
+        real_server = next(s for s in watcher.servers() if s.name == "real")
+        poll(lambda: real_server.interpreter.snapshot().phase == "launching", what="the real server's line")
+        figures = poll(lambda: next((s for s in manager.stats() if s.server == "flood" and s.backlog == 0), None),
+                       what="the flood caught up on")
+    finally:
+        manager.stop()
+    elapsed = time.monotonic() - began
+    assert figures.read_bytes <= limits.bytes_per_second * (elapsed + 1) + (1 << 20), figures
+    assert figures.read_bytes + figures.skipped_bytes == size
