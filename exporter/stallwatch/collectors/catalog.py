@@ -90,6 +90,9 @@ CATALOG: dict[str, Family] = {
     "log_size_bytes": Family("gauge", "Current size of the log file, bytes.", LOG),
     "log_read_bytes_total": Family("counter", "Bytes read from the log, across rotation and truncation.", LOG),
     "log_lines_total": Family("counter", "Lines read from the log, across rotation and truncation.", LOG),
+    "log_shared": Family(
+        "gauge", "1 when the log file is another watched server's log too: only its lines whose prefix names one of "
+        "this server's processes count for its phase and events.", LOG),
     "log_backlog_bytes": Family("gauge", "Bytes of the log file not read yet.", LOG),
     "log_skipped_bytes_total": Family(
         "counter", "Bytes of the log left unread because it grew faster than its read budget.", LOG),

@@ -1,5 +1,5 @@
-"""Logs collector: per-file size, bytes, lines, backlog, skipped bytes, growth time and readability; notable events
-per server."""
+"""Logs collector: per-file size, bytes, lines, backlog, skipped bytes, sharing, growth time and readability;
+notable events per server."""
 
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ class LogsCollector:
         read, lines = family("log_read_bytes_total"), family("log_lines_total")
         last, age = family("log_last_line_timestamp_seconds"), family("log_last_line_age_seconds")
         backlog, skipped = family("log_backlog_bytes"), family("log_skipped_bytes_total")
+        shared = family("log_shared")
         self.manager.check()
         now = self._wall()
         for stats in self.manager.stats():
@@ -35,6 +36,7 @@ class LogsCollector:
             lines.add_metric(labels, float(stats.lines))
             backlog.add_metric(labels, float(stats.backlog))
             skipped.add_metric(labels, float(stats.skipped_bytes))
+            shared.add_metric(labels, 1.0 if stats.shared else 0.0)
             if stats.last_growth is not None:
                 last.add_metric(labels, stats.last_growth)
                 age.add_metric(labels, max(0.0, now - stats.last_growth))
@@ -48,7 +50,7 @@ class LogsCollector:
                 last_event.add_metric([look.name, event], at)
             if look.log.progress is not None:
                 progress.add_metric([look.name], look.log.progress)
-        yield from (up, size, read, lines, backlog, skipped, last, age, events, last_event, progress)
+        yield from (up, size, read, lines, backlog, skipped, shared, last, age, events, last_event, progress)
 
 
 COLLECTOR = Registration(

@@ -406,6 +406,9 @@ class Engine:
     disaggregation: Disaggregation | None = None  # None: the engine has no PD roles
     pending_lines: tuple[PendingLine, ...] = ()  # its lines that give PD stages' pending requests
     router: Router | None = None  # a PD router: the servers it pairs are on its command line
+    # The pid of the process that wrote a line, from its prefix (group 1), where the engine writes one: which server's
+    # a line is, in a file that several servers' processes write (`logs.shared`).
+    line_pid: re.Pattern[bytes] | None = None
 
     def all_rules(self) -> tuple[Rule, ...]:
         return self.rules + COMMON_RULES

@@ -72,6 +72,10 @@ ENGINE = Engine(
     # logger's `LEVEL MM-DD HH:MM:SS [file.py:N] ` (`vllm/logger.py`; V0 without the `[`).
     line_prefix=(rb"(?:\(\S+ pid=\d+\) )?"
                  rb"(?:(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? \[?[\w./-]+:\d+\] )?"),
+    # The writer's pid: `(%(vllm_process_name)s pid=%(process)d) ` (vllm/logger.py:28, 0.33), 0.8-0.9's workers
+    # `(VllmWorker rank=0 pid=47465) `, V0's `(VllmWorkerProcess pid=1152873) `; coloured by some 0.11 builds
+    # (`\x1b[1;36m(EngineCore_DP0 pid=279)\x1b[0;0m`); the research's engines.md 2.1.
+    line_pid=re.compile(rb"(?:\x1b\[[\d;]*m)?\((?:[^()\r\n]* )?pid=(\d{1,10})\)"),
     multinode=MultiNode(
         rendezvous=(Rendezvous(("--data-parallel-address", "-dpa"), ("--data-parallel-rpc-port", "-dpp"), "29550"),
                     Rendezvous(("--master-addr",), ("--master-port",), "29501")),

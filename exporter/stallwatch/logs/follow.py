@@ -22,6 +22,7 @@ from stallwatch.logs.budget import ReadBudget
 from stallwatch.logs.formats import Transcoder, decoder_for
 from stallwatch.logs.interpret import LogInterpreter
 from stallwatch.logs.journal import JournalReader
+from stallwatch.logs.shared import WriterFilter
 from stallwatch.logs.source import LogSource
 from stallwatch.procfs import open_regular, read_bounded
 
@@ -48,6 +49,7 @@ class FileStats:
     last_growth: float | None
     backlog: int = 0  # bytes of the file not read yet
     skipped_bytes: int = 0  # bytes left unread because the file grew faster than its read budget (`logs.budget`)
+    shared: bool = False  # another watched server's log too: only lines its prefix says are this server's count
 
 
 class Follower:
@@ -67,6 +69,7 @@ class Follower:
         self._last_growth: float | None = None
         self._backlog = 0
         self._skipped = 0
+        self._shared_with: frozenset[str] = frozenset()
         self._stats = FileStats(server, self.path, False, None, 0, 0, None)
 
     def stats(self) -> FileStats:
@@ -74,7 +77,7 @@ class Follower:
 
     def _publish(self) -> None:
         self._stats = FileStats(self.server, self.path, self._up, self._size, self._read_bytes, self._lines,
-                                self._last_growth, self._backlog, self._skipped)
+                                self._last_growth, self._backlog, self._skipped, bool(self._shared_with))
 
     def mark_down(self, exc: Exception) -> None:
         self._up = False
@@ -158,13 +161,15 @@ class LogFile(Follower):
     def __init__(self, server: str, source: LogSource, interpreter: LogInterpreter,
                  wall: Callable[[], float] = time.time, recover: bool = True, recover_events: bool = False,
                  replayed: Callable[[tuple[int, int]], bool] = lambda ident: False,
-                 news_from: int | None = None, held: int | None = None, budget: ReadBudget | None = None) -> None:
+                 news_from: int | None = None, held: int | None = None, budget: ReadBudget | None = None,
+                 writers: WriterFilter | None = None) -> None:
         """`replayed(ident)`: whether another follower already replayed that (device, inode), which this one then
         reads from its end (the processes of several servers can share one stdout file). `news_from`: the file's
         size when its server was found; past it the first open reads news, not a replay, however late it comes.
         `held`: a descriptor of the file that discovery opened (`HeldLogs`), now this follower's: read when
         `open_path` is gone before the follower opened it (the process exited first), closed once it has. `budget`:
-        how much of the file a poll may read (a started follower thread's; a one-shot reader reads it all)."""
+        how much of the file a poll may read (a started follower thread's; a one-shot reader reads it all).
+        `writers`: the lines of the file that the server's own processes wrote, while it is `shared`."""
         super().__init__(server, source, interpreter)
         self._wall = wall
         self._decoder = decoder_for(source.format)
@@ -184,6 +189,26 @@ class LogFile(Follower):
         self._budget = budget
         self._resync = False  # reading goes on mid-line after a skip: from the next line
         self._skipped_once = False
+        self._writers = writers
+
+    def identity(self) -> tuple[int, int] | None:
+        """The (device, inode) at `open_path` now (what the next poll follows); None when there is none."""
+        if self.source.unavailable:
+            return None
+        try:
+            return _ident(os.stat(self.source.open_path))
+        except (OSError, ValueError):
+            return None
+
+    def share(self, others: frozenset[str]) -> None:
+        """The other servers whose logs are this file too (the manager's, before each pass): while there are any,
+        only the lines that the server's own processes wrote are its (`logs.shared`)."""
+        if others and others != self._shared_with:
+            log.warning("log %s of %s is also the log of %s: its lines count for a server only where their prefix "
+                        "names its process", self.path, self.server, ", ".join(sorted(others)))
+        elif self._shared_with and not others:
+            log.info("log %s is %s's alone again", self.path, self.server)
+        self._shared_with = others
 
     def retarget(self, source: LogSource, held: int | None = None) -> None:
         """The same log, now reached another way (a restarted process's `/proc/PID/fd` link), with that process's
@@ -382,7 +407,7 @@ class LogFile(Follower):
         head = bytes(self._partial) + data[: cut + 1] if self._partial else data[: cut + 1]
         self._partial.clear()
         self._overlong = False
-        self.interpreter.feed(head, count_events=count)
+        self._feed(head, count)
         self._keep(data[cut + 1 :])
 
     def _keep(self, rest: bytes) -> None:
@@ -396,8 +421,16 @@ class LogFile(Follower):
 
     def _flush_partial(self, count: bool = True) -> None:
         if self._partial:
-            self.interpreter.feed(bytes(self._partial) + b"\n", count_events=count)
+            self._feed(bytes(self._partial) + b"\n", count)
             self._partial.clear()
+
+    def _feed(self, lines: bytes, count: bool) -> None:
+        """Complete lines to the interpreter: of a shared file, those the server's own processes wrote."""
+        if self._shared_with:
+            lines = self._writers(lines) if self._writers is not None else b""
+            if not lines:
+                return
+        self.interpreter.feed(lines, count_events=count)
 
     def close(self) -> None:
         if self._fd is not None:

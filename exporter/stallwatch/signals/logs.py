@@ -20,9 +20,11 @@ from watchdog.observers import Observer
 from stallwatch.config import CollectorSettings
 from stallwatch.config.reader import setting
 from stallwatch.config.values import LOOP_INTERVAL
+from stallwatch.discovery.server import Server
 from stallwatch.discovery.watcher import Watcher
 from stallwatch.logs.budget import READ_LIMITS, ReadBudget, ReadLimits
 from stallwatch.logs.follow import FileStats, Follower, JournalLog, LogFile
+from stallwatch.logs.shared import WriterFilter
 from stallwatch.logs.source import LogSource
 from stallwatch.loops import run_every
 
@@ -118,8 +120,10 @@ class LogManager:
                                            replayed=self._followed,
                                            news_from=dict(server.launch.log_sizes).get(source.open_path),
                                            held=held,
-                                           budget=None if self._budget is None else ReadBudget(self._read_limits))
+                                           budget=None if self._budget is None else ReadBudget(self._read_limits),
+                                           writers=WriterFilter(server.engine.line_pid, _tree_pids(server)))
             files = list(self._files.values())
+        _mark_shared(files)
         behind = False
         for f in files:
             deadline = None if self._budget is None else time.monotonic() + self._budget
@@ -186,6 +190,22 @@ class LogManager:
         while behind and not self._stop.is_set():
             behind = self.poll()
             self._heartbeat = time.monotonic()
+
+
+def _tree_pids(server: Server) -> Callable[[], list[int]]:
+    return lambda: [s.pid for s in server.look().tree]
+
+
+def _mark_shared(files: list[Follower]) -> None:
+    """Tell each file that is another server's log too (one (device, inode) followed for several servers: their
+    processes' stdout appended to one file) which servers those are, before it is read (audit 2026-12-02 #6)."""
+    readers: dict[tuple[int, int], set[str]] = {}
+    idents = [(f, f.identity()) for f in files if isinstance(f, LogFile)]
+    for f, ident in idents:
+        if ident is not None:
+            readers.setdefault(ident, set()).add(f.server)
+    for f, ident in idents:
+        f.share(frozenset(readers.get(ident, set()) - {f.server}) if ident is not None else frozenset())
 
 
 def _expand(sources: tuple[LogSource, ...]) -> list[LogSource]:

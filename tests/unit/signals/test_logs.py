@@ -18,6 +18,7 @@ from stallwatch.config import Paths
 from stallwatch.discovery.watcher import Watcher
 from stallwatch.discovery.workload import Workload
 from stallwatch.logs.budget import ReadLimits
+from stallwatch.logs.follow import LogFile
 from stallwatch.logs.source import LogSource
 from stallwatch.signals.logs import LogManager
 from support import transcripts
@@ -106,22 +107,53 @@ def test_a_file_of_notable_lines_does_not_hold_back_another_servers_log(tmp_path
     assert seen_after[0] < hostile.stat().st_size / 2, "the real line waited for the other file"
 
 
-def test_a_file_shared_by_several_servers_is_replayed_once(tmp_path: Path) -> None:
+def test_a_file_shared_by_several_servers_is_replayed_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Several processes with one file as their stdout (a neighbour's 64 MiB of tracebacks, held by five sleepers)
     made the follower replay up to 64 MiB of it for each of them (docs/research/audit-2026-12-01.md #7). The file's
-    (device, inode) is replayed once, for one server (the others start at its end, `stopped`), and what is appended
-    later reaches all three."""
+    (device, inode) is replayed once (the others start at its end); its lines are no server's (SGLang's carry no
+    pid: audit 2026-12-02 #6), before and after, and each of the three says the file is shared."""
     shared = tmp_path / "shared.log"
     shared.write_bytes(transcripts.sglang_healthy(tp=1).encode())
+    replays: list[int] = []
+    replay_start = LogFile._replay_start
+    monkeypatch.setattr(LogFile, "_replay_start", lambda self, fd, size: replays.append(size) or replay_start(
+        self, fd, size))
     watcher = log_watcher({f"s{i}": [shared] for i in range(3)})
     manager = LogManager(watcher, poll_interval=1.0)
     manager.poll()
-    phases = sorted(s.interpreter.snapshot().phase for s in watcher.servers())
-    assert phases == ["serving", "stopped", "stopped"]
+    assert len(replays) == 1
+    assert [s.interpreter.snapshot().phase for s in watcher.servers()] == ["stopped"] * 3
     with open(shared, "ab") as f:
         f.write(LAUNCH)
-    manager.poll()  # what is new reaches every server
-    assert [s.interpreter.snapshot().phase for s in watcher.servers()] == ["launching"] * 3
+    manager.poll()
+    assert [s.interpreter.snapshot().phase for s in watcher.servers()] == ["stopped"] * 3
+    assert [(s.shared, s.lines) for s in manager.stats()] == [(True, 1)] * 3
+
+
+def test_servers_sharing_a_stdout_file_do_not_count_each_others_relaunches_and_fatal_lines(tmp_path: Path) -> None:
+    """Audit 2026-12-02 #6: B (healthy) and A (crash-looping under a supervisor) append to one file; B counted A's
+    9 relaunches and 18 fatal lines. Neither counts them now; once A's log is another file, B's lines are its own."""
+    shared = tmp_path / "shared.log"
+    shared.write_bytes(b"")
+    watcher = log_watcher({"a": [shared], "b": [shared]})
+    manager = LogManager(watcher, poll_interval=1.0)
+    manager.poll()
+    crash = transcripts.sglang_graph_crash(tp=1).encode()
+    for _ in range(3):
+        append(shared, crash)
+        manager.poll()
+    for server in watcher.servers():
+        events = server.interpreter.snapshot().events
+        assert (events["server_restart"], events["fatal"]) == (0, 0), (server.name, events)
+    a = next(s for s in watcher.servers() if s.name == "a")
+    own = tmp_path / "a.log"
+    own.write_bytes(b"")
+    a.launch = dataclasses.replace(a.launch, log_sources=(LogSource(str(own), str(own)),))
+    manager.poll()
+    append(shared, LAUNCH)
+    manager.poll()
+    assert {s.server: s.shared for s in manager.stats()} == {"a": False, "b": False}
+    assert next(s for s in watcher.servers() if s.name == "b").interpreter.snapshot().phase == "launching"
 
 
 def test_glob_that_gains_files_feeds_one_phase(tmp_path: Path) -> None:
