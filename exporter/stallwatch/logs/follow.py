@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from stallwatch.logs.budget import ReadBudget
+from stallwatch.logs.configured import open_configured
 from stallwatch.logs.formats import Transcoder, decoder_for
 from stallwatch.logs.interpret import LogInterpreter
 from stallwatch.logs.journal import JournalReader
@@ -485,7 +486,9 @@ def open_log(source: LogSource) -> int:
     Non-blocking: a FIFO swapped in after the follower's stat must not block it (fstat then refuses it). A `node`
     file is opened without following a symlink; a process's `fd` link only while that process holds the file
     open for writing, so that an `O_PATH` descriptor of a file its owner cannot read (`/etc/shadow`) is not
-    re-opened by the exporter with root's rights."""
+    re-opened by the exporter with root's rights. A configured file only as `logs.configured` allows."""
+    if source.via == "path" and source.owners:
+        return open_configured(source)
     fd = open_regular(source.open_path, nofollow=source.via == "node")
     try:
         if source.via == "fd":

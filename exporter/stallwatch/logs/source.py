@@ -11,10 +11,10 @@ __all__ = ["LogSource"]
 class LogSource:
     """One log of a server. `path` is its label: the node's path of the file, the path the process sees, or
     `journal:<unit>`. `open_path` is where the exporter reads it (under `--path.rootfs`, or a `/proc` link).
-    `via` says how far the exporter, root, may trust `open_path`: `path` from the admin's config (symlinks
-    followed), `fd` a process's `/proc/PID/fd/N` (read only while the process holds it open for writing), `node`
-    a file found through a process (never through a symlink: one swapped in after discovery could name any
-    file)."""
+    `via` says how far the exporter, root, may trust `open_path`: `path` from the admin's config (read when it and
+    its directory belong to root or the server's user: `logs.configured`), `fd` a process's `/proc/PID/fd/N` (read
+    only while the process holds it open for writing), `node` a file found through a process (never through a
+    symlink: one swapped in after discovery could name any file)."""
 
     path: str
     open_path: str = ""
@@ -22,3 +22,6 @@ class LogSource:
     journal_match: str = ""  # with format journal: `FIELD=value`
     unavailable: str = ""  # why it cannot be read, when it cannot
     via: str = "path"  # path | fd | node
+    # With `path`: the uids a configured file (and its directory) may belong to (`logs.configured`); () reads it as
+    # it is (a source made by hand: a test's, a one-off).
+    owners: tuple[int, ...] = ()

@@ -6,7 +6,6 @@ that one that grows faster than it can be read costs a bounded share of the thre
 
 from __future__ import annotations
 
-import glob
 import logging
 import os
 import threading
@@ -23,9 +22,9 @@ from stallwatch.config.values import LOOP_INTERVAL
 from stallwatch.discovery.server import Server
 from stallwatch.discovery.watcher import Watcher
 from stallwatch.logs.budget import READ_LIMITS, ReadBudget, ReadLimits
+from stallwatch.logs.configured import expand, owners_for
 from stallwatch.logs.follow import FileStats, Follower, JournalLog, LogFile
 from stallwatch.logs.shared import WriterFilter
-from stallwatch.logs.source import LogSource
 from stallwatch.loops import run_every
 
 log = logging.getLogger(__name__)
@@ -96,7 +95,8 @@ class LogManager:
     def poll(self) -> bool:
         """One pass over every watched server's logs: whether some file was left with more to read."""
         servers = self.watcher.servers()
-        wanted = {(s.name, source.path): (s, source) for s in servers for source in _expand(s.launch.log_sources)}
+        wanted = {(s.name, source.path): (s, source) for s in servers
+                  for source in expand(s.launch.log_sources, owners_for(s.launch.uid))}
         with self._lock:
             for key in set(self._files) - set(wanted):
                 self._files.pop(key).close()
@@ -206,14 +206,3 @@ def _mark_shared(files: list[Follower]) -> None:
             readers.setdefault(ident, set()).add(f.server)
     for f, ident in idents:
         f.share(frozenset(readers.get(ident, set()) - {f.server}) if ident is not None else frozenset())
-
-
-def _expand(sources: tuple[LogSource, ...]) -> list[LogSource]:
-    """Configured globs become one source per matching file."""
-    out: list[LogSource] = []
-    for source in sources:
-        if source.format == "plain" and glob.has_magic(source.open_path):
-            out += [LogSource(p, p) for p in sorted(glob.glob(source.open_path))]
-        else:
-            out.append(source)
-    return list({s.path: s for s in out}.values())
