@@ -126,3 +126,20 @@ def test_exporter_restart_recovers_phase_from_existing_log(exporter, engine) -> 
     assert scrape.value("stallwatch_log_read_bytes_total", server=sim.name, path=str(sim.log)) == 0
     age = scrape.value("stallwatch_log_last_line_age_seconds", server=sim.name, path=str(sim.log))
     assert age >= time.time() - sim.log.stat().st_mtime - 1
+
+
+def test_servers_sharing_a_stdout_file_do_not_take_each_others_relaunches_and_fatal_lines(exporter, engine) -> None:
+    """Audit 2026-12-02 #6: B healthy and A crash-looping under a supervisor, both `>> shared.log`; B counted A's
+    relaunches and fatal lines (9 and 18). The file is said to be shared, and B counts none of A's lines."""
+    e = exporter(config=CONFIG)
+    healthy = engine("sglang", t.sglang_healthy(tp=1), final="serve", tp=1, log_name="shared.log")
+    looping = engine("sglang", t.sglang_graph_crash(tp=1), final="crash", tp=1, line_delay=0.02,
+                     log_name="shared.log", supervise={"restart_sec": 0.5, "max_restarts": 6})
+    scrape = e.wait_for(lambda s: _phase(s, healthy.name) == "serving"
+                        and (s.value("stallwatch_log_events_total", server=looping.name, event="server_restart")
+                             or 0) >= 3 and s, timeout=60, what="the loop's relaunches (from its processes)")
+    shared = [s for s in scrape.samples("stallwatch_log_shared") if s.labels["path"].endswith("/shared.log")]
+    assert {s.labels["server"] for s in shared} == {healthy.name, looping.name}, shared
+    assert all(s.value == 1 for s in shared), shared
+    for event in ("server_restart", "fatal"):
+        assert scrape.value("stallwatch_log_events_total", server=healthy.name, event=event) == 0, event

@@ -193,13 +193,14 @@ class LogFile(Follower):
         self._writers = writers
 
     def identity(self) -> tuple[int, int] | None:
-        """The (device, inode) at `open_path` now (what the next poll follows); None when there is none."""
+        """The (device, inode) at `open_path` now (what the next poll follows), else the one last followed (the
+        process is gone and its `fd` link with it: its follower still reads that file); None for neither."""
         if self.source.unavailable:
             return None
         try:
             return _ident(os.stat(self.source.open_path))
         except (OSError, ValueError):
-            return None
+            return self.ident
 
     def share(self, others: frozenset[str]) -> None:
         """The other servers whose logs are this file too (the manager's, before each pass): while there are any,
