@@ -30,26 +30,42 @@ def _team(tmp_path: Path, mode: int) -> Path:
     return team
 
 
-def test_a_glob_in_a_directory_others_can_write_is_refused_and_says_why(tmp_path: Path,
-                                                                         caplog: pytest.LogCaptureFixture) -> None:
+def test_a_glob_in_a_directory_everyone_can_write_is_refused_and_says_why(tmp_path: Path,
+                                                                           caplog: pytest.LogCaptureFixture) -> None:
     team = _team(tmp_path, 0o777)
     pattern = str(team / "*.log")
     (source,) = expand([LogSource(pattern, pattern)], owners_for(None))
-    assert source.path == pattern and "is writable by others (mode 777, no sticky bit)" in source.unavailable
+    assert source.path == pattern and "is writable by everyone (mode 777, no sticky bit)" in source.unavailable
     watcher = log_watcher({"team-cfg": [pattern]})
     manager = LogManager(watcher, poll_interval=1.0)
     with caplog.at_level(logging.WARNING):
         manager.poll()
     assert [(s.path, s.up) for s in manager.stats()] == [(pattern, False)]
     assert watcher.servers()[0].interpreter.snapshot().phase == "stopped"
-    assert "writable by others" in caplog.text
+    assert "writable by everyone" in caplog.text
 
 
-def test_a_configured_path_in_a_directory_others_can_write_is_down(tmp_path: Path) -> None:
-    team = _team(tmp_path, 0o775)
+def test_a_configured_path_in_a_directory_everyone_can_write_is_down(tmp_path: Path) -> None:
+    team = _team(tmp_path, 0o777)
     path = str(team / "server.log")
-    with pytest.raises(PermissionError, match="writable by others"):
+    with pytest.raises(PermissionError, match="writable by everyone"):
         open_configured(LogSource(path, path, owners=owners_for(None)))
+
+
+def test_in_a_directory_a_group_can_write_a_file_with_one_link_is_read_and_a_hard_link_is_not(tmp_path: Path) -> None:
+    """`/var/log` is group `syslog`'s to write: its files are read, but not a hard link made there (of any file,
+    where `fs.protected_hardlinks` is 0)."""
+    team = _team(tmp_path, 0o775)
+    path = team / "server.log"
+    os.close(open_configured(LogSource(str(path), str(path), owners=owners_for(None))))
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"DB_PASSWORD=hunter2-SECRET\n")
+    linked = team / "linked.log"
+    os.link(secret, linked)
+    with pytest.raises(PermissionError, match="it has 2 links, in a directory others can write"):
+        open_configured(LogSource(str(linked), str(linked), owners=owners_for(None)))
+    assert [s.path for s in expand([LogSource(str(team / "*.log"), str(team / "*.log"))], owners_for(None))] == [
+        str(path)]
 
 
 def test_a_file_of_none_of_the_owners_is_refused(tmp_path: Path) -> None:
@@ -71,7 +87,7 @@ def test_a_file_swapped_for_a_symlink_after_its_check_is_not_followed(tmp_path: 
     checked = os.lstat(path)  # what the check saw: a regular file
     path.unlink()
     path.symlink_to(secret)  # ... and what is there when the file is opened
-    monkeypatch.setattr(configured, "_check_entry", lambda p, owners: checked)
+    monkeypatch.setattr(configured, "_check_entry", lambda p, owners, guarded: checked)
     with pytest.raises(OSError) as raised:
         open_configured(LogSource(str(path), str(path), owners=owners_for(None)))
     assert raised.value.errno == errno.ELOOP
@@ -79,7 +95,7 @@ def test_a_file_swapped_for_a_symlink_after_its_check_is_not_followed(tmp_path: 
 
 @as_root
 def test_a_sticky_directory_skips_a_neighbours_files_and_symlinks(tmp_path: Path) -> None:
-    """The audit's reproduction, in a team directory with the sticky bit (which 777 without it is refused above): the
+    """The audit's reproduction, in a team directory with the sticky bit (777 without it is refused above): the
     neighbour's own file of launch banners and its symlink to a root-only secret are not followed, the server's file
     is."""
     team = _team(tmp_path, 0o1777)
