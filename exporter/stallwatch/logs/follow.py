@@ -8,6 +8,7 @@ may read its `stats()`.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import itertools
 import logging
@@ -300,6 +301,8 @@ class LogFile(Follower):
         if self._fd is not None:
             self._drain(self._fd, deadline)
             self._flush_partial()
+            with contextlib.suppress(OSError):  # what the deadline or the budget left of it is dropped: say so
+                self._skipped += max(0, os.fstat(self._fd).st_size - self._offset)
             os.close(self._fd)
             self._fd = None
         if fd is None:

@@ -96,3 +96,18 @@ def test_the_collector_exports_the_backlog_and_the_skipped_bytes(tmp_path: Path)
     assert [(s.labels, s.value) for s in families["stallwatch_log_skipped_bytes"].samples
             if s.name.endswith("_total")] == [(labels, 3 * MIB)]
     assert [(s.labels, s.value) for s in families["stallwatch_log_backlog_bytes"].samples] == [(labels, MIB)]
+
+
+def test_what_a_rotated_file_had_left_unread_when_its_budget_ran_out_counts_as_skipped(tmp_path: Path) -> None:
+    path = tmp_path / "server.log"
+    path.write_bytes(b"")
+    clock = Clock()
+    follower, _ = _follower(path, clock, ReadLimits(bytes_per_second=MIB, max_backlog_bytes=64 * MIB))
+    follower.poll()
+    path.write_bytes(b"w" * (3 * MIB - 1) + b"\n")
+    follower.poll()  # 1 MiB read, 2 MiB left
+    path.rename(tmp_path / "server.log.1")
+    path.write_bytes(LAUNCH)
+    follower.poll()  # the budget spent: the old file's rest is dropped with it
+    stats = follower.stats()
+    assert stats.read_bytes == MIB and stats.skipped_bytes == 2 * MIB
