@@ -6,8 +6,11 @@ Every scenario is bounded in count and time and closes what it opened."""
 
 from __future__ import annotations
 
+import base64
+import collections
 import contextlib
 import resource
+import secrets
 import socket
 import ssl
 import statistics
@@ -185,6 +188,43 @@ def slow_readers(port: int, count: int, requests: int = 50) -> Iterator[list[soc
         for sock in socks:
             with contextlib.suppress(OSError):
                 sock.close()
+
+
+def basic(user: str, password: str) -> str:
+    return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+
+
+@contextlib.contextmanager
+def wrong_passwords(port: int, user: str, clients: int) -> Iterator[collections.Counter[int]]:
+    """`clients` keep-alive connections guessing passwords as fast as they are answered, for as long as the block
+    runs (docs/research/audit-2026-12-02.md #9's flood): half as `user`, half with a random user name each time.
+    Yields the count of answers by status."""
+    statuses: collections.Counter[int] = collections.Counter()
+    lock, stop = threading.Lock(), threading.Event()
+
+    def guess(name: Callable[[], str]) -> None:
+        scraper = Scraper(port)
+        while not stop.is_set():
+            scraper.headers = f"Authorization: {basic(name(), secrets.token_hex(8))}\r\n"
+            try:
+                answer = scraper.get()[0]
+            except (OSError, ValueError, StopIteration):
+                scraper.close()
+                continue
+            with lock:
+                statuses[answer] += 1
+        scraper.close()
+
+    names = (lambda: user, lambda: secrets.token_hex(4))
+    threads = [threading.Thread(target=guess, args=(names[i % 2],), daemon=True) for i in range(clients)]
+    for thread in threads:
+        thread.start()
+    try:
+        yield statuses
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(15)
 
 
 def cut(sock: socket.socket) -> bool:

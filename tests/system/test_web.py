@@ -19,6 +19,7 @@ from stallwatch.web.routes import make_app, serve
 from support.certs import make_ca, make_cert
 from support.client import request
 from support.harness import Exporter, poll
+from support.load import basic, wrong_passwords
 
 
 @pytest.fixture(scope="module")
@@ -189,5 +190,27 @@ def test_real_exporter_head_405_gzip_and_names(tmp_path: Path) -> None:
         _, headers, body = request(exporter.port, "/metrics?name[]=stallwatch_build_info")
         lines = [line for line in body.decode().splitlines() if not line.startswith("#")]
         assert lines and all(line.startswith("stallwatch_build_info") for line in lines)
+    finally:
+        exporter.stop()
+
+
+@pytest.mark.process
+def test_a_scraper_whose_password_is_not_cached_gets_through_a_flood_of_wrong_ones(tmp_path: Path) -> None:
+    """A flood of wrong passwords took every turn at bcrypt, so a scraper whose password was not cached yet (after any
+    restart, every scraper) got 429 for as long as it lasted (docs/research/audit-2026-12-02.md #9). Here 16
+    connections from the scraper's own address guess cost-12 passwords as fast as they are answered, as alice and
+    with random user names. bob, whose password was never checked, is let in at his first try while the flood goes
+    on (his user name is not the one guessed: one whose is shares its turns with the guesses)."""
+    hashes = {name: bcrypt.hashpw(b"right", bcrypt.gensalt(12)).decode() for name in ("alice", "bob")}
+    web = tmp_path / "web.yml"
+    web.write_text("basic_auth_users:\n" + "".join(f"  {name}: '{digest}'\n" for name, digest in hashes.items()))
+    exporter = Exporter(tmp_path, args=(f"--web.config.file={web}",), ready=False)
+    try:
+        poll(lambda: request(exporter.port)[0] == 401 or exporter._died(), what="exporter with basic auth")
+        with wrong_passwords(exporter.port, "alice", clients=16) as answers:
+            poll(lambda: answers[401] >= 4 and answers[429] >= 100, timeout=30, what="the flood under way")
+            status, _, _ = request(exporter.port, "/metrics", headers={"Authorization": basic("bob", "right")})
+            assert status == 200, dict(answers)
+            print(f"\nflood answers meanwhile: {dict(answers)}")
     finally:
         exporter.stop()

@@ -5,24 +5,30 @@ mutex: one bcrypt runs at a time, one more check may wait for it, and the rest a
 Results are remembered, successes apart from failures, so that a scraper never waits for bcrypt again and no number
 of wrong guesses pushes its entry out.
 
-Turns at bcrypt are given per client, not first come first served, so that a flood of wrong passwords cannot keep a
-scraper whose password is not cached yet (after every restart, all of them) out (docs/research/audit-2026-12-02.md
-#9: 16 connections guessing as fast as they were answered took every turn, and a cold scraper got 429 for as long
-as the flood lasted). A client is its address (an IPv6 one by its /64, which one host is usually given whole), in
-its network (an IPv4 /24, an IPv6 /48):
+Turns at bcrypt are given per user name and per client, not first come first served, so that a flood of wrong
+passwords cannot keep a scraper whose password is not cached yet (after every restart, all of them) out
+(docs/research/audit-2026-12-02.md #9: 16 connections guessing as fast as they were answered took every turn, and
+a cold scraper got 429 for as long as the flood lasted). A check's lane is its user name when the config has it,
+else one lane that all unknown names share. A client is its address (an IPv6 one by its /64, which one host is
+usually given whole), in its network (an IPv4 /24, an IPv6 /48):
 - one check at a time per (client, user name): its other guesses meanwhile get 429 without waiting;
 - after a wrong password, that (client, user name) waits `FAILURE_DELAY` s before its next check, doubling with each
   further failure up to `MAX_FAILURE_DELAY` (a success forgets them);
-- the waiting turn goes first to clients that have not failed in the last `RECENT` s, then to those whose network has
-  not either: a guess from a client or network that failed waits only while no cleaner one wants the turn, and gives
-  it up when one comes.
+- the waiting turn goes first to clients that have not failed in the last `RECENT` s, then to those whose network
+  has not either, then to checks whose lane has not: a guess ranked after another waits only while no cleaner one
+  wants the turn, and gives it up when one comes.
+So a scraper whose user name is not the one being guessed is checked right after the bcrypt running when it comes
+even from the flood's own address (a neighbour on the node) and its network, random user names included: they all
+rank as one lane that failed. The price: under a flood of its own, a client can tell configured user names from
+others by which of its guesses get a turn (one check's timing still tells nothing: the decoy hash).
 The bound, for an attacker on many addresses: each address guesses one user's password at most once per
 `MAX_FAILURE_DELAY` once its delay has grown, and all of them together at most one bcrypt at a time (one core). A
-scraper whose password is not cached, from a network with no recent failure, shares the waiting turn only with first
-guesses from networks that never failed: an attacker must use a new /24 (IPv6 /48) for each guess to keep it out
-(429, retry after 1 s), while that lasts; fresh addresses in one network lock out only scrapers in that network. A
-scraper behind the attacker's own address and user name waits out that pair's delay. The table of clients is
-bounded (`CLIENTS`, oldest dropped), so that addresses cost bounded memory; a dropped record only forgets failures.
+scraper whose own user name is being guessed, from a network with no recent failure, shares the waiting turn only
+with first guesses from networks that never failed: an attacker must use a new /24 (IPv6 /48) for each guess to keep
+it out (429, retry after 1 s), while that lasts. A scraper behind the attacker's own address and user name waits out
+that pair's delay: nothing but bcrypt tells its password from a guess. The table of clients is bounded (`CLIENTS`,
+oldest dropped), so that addresses cost bounded memory; a dropped record only forgets failures; there is one lane
+record per configured user and one for the rest.
 """
 
 from __future__ import annotations
@@ -96,7 +102,7 @@ class _Client:
 
 @dataclass
 class _Ticket:
-    rank: tuple[bool, bool, int]  # (its client failed recently, its network did, arrival): the lowest goes first
+    rank: tuple[bool, bool, bool, int]  # (client, network, lane failed recently; arrival): the lowest goes first
     bumped: bool = False
 
 
@@ -106,6 +112,7 @@ class _Turns:
     def __init__(self, size: int = CLIENTS) -> None:
         self._size = size
         self._clients: collections.OrderedDict[tuple[str, str | None], _Client] = collections.OrderedDict()
+        self._lanes: dict[str | None, _Client] = {}  # the configured user names and None (any other): bounded
         self._queue: list[_Ticket] = []
         self._running = False
         self._arrivals = itertools.count()
@@ -118,7 +125,7 @@ class _Turns:
             self._clients.popitem(last=False)
         return client
 
-    def take(self, client: tuple[str, str], user: str) -> bool:
+    def take(self, client: tuple[str, str], user: str, lane: str | None) -> bool:
         """Wait for this check's turn; False: refused now (429), because that (client, user name) has a check in
         flight or waits out a failure, or the waiting turn is held by a check that ranks first."""
         with self._cond:
@@ -127,8 +134,8 @@ class _Turns:
             if pair.busy or now < pair.not_before:
                 return False
             address, network = (self._client((key, None)) for key in client)
-            ticket = _Ticket((now - address.failed_at < RECENT, now - network.failed_at < RECENT,
-                              next(self._arrivals)))
+            failed = (address, network, self._lanes.setdefault(lane, _Client()))
+            ticket = _Ticket((*(now - record.failed_at < RECENT for record in failed), next(self._arrivals)))
             if self._running or self._queue:
                 if len(self._queue) >= WAITING:
                     last = max(self._queue, key=lambda t: t.rank)
@@ -148,7 +155,7 @@ class _Turns:
             pair.busy = self._running = True
             return True
 
-    def done(self, client: tuple[str, str], user: str, ok: bool) -> None:
+    def done(self, client: tuple[str, str], user: str, lane: str | None, ok: bool) -> None:
         with self._cond:
             self._running = False
             now = time.monotonic()
@@ -159,9 +166,9 @@ class _Turns:
             else:
                 pair.failures += 1
                 pair.not_before = now + min(MAX_FAILURE_DELAY, FAILURE_DELAY * 2 ** (pair.failures - 1))
-                address.failed_at = self._client((client[1], None)).failed_at = now
+                for record in (address, self._client((client[1], None)), self._lanes.setdefault(lane, _Client())):
+                    record.failed_at = now
             self._cond.notify_all()
-
 
 class BasicAuth:
     """Checks `Authorization: Basic` against bcrypt hashes as exporter-toolkit's `webHandler.ServeHTTP`: unknown
@@ -191,14 +198,14 @@ class BasicAuth:
             return True
         if key in self._denied:
             return False
-        client = client_of(peer)
-        if not self._turns.take(client, user):
+        client, lane = client_of(peer), user if digest is not None else None
+        if not self._turns.take(client, user, lane):
             return None
         ok = False
         try:
             ok = self._bcrypt(password, digest)  # slow on purpose, one at a time: a flood takes one core, not all
         finally:
-            self._turns.done(client, user, ok)
+            self._turns.done(client, user, lane, ok)
         (self._granted if ok else self._denied).add(key)
         return ok
 

@@ -77,3 +77,29 @@ def test_a_flood_of_wrong_passwords_lets_a_scraper_with_the_right_one_through(
     assert results == {"flood": False, "failed before": None, "scraper": True}
     assert auth.check(basic("alice", "guess20"), "2001:db8::66") is None  # within its failure delay
     assert auth.check(basic("alice", "secret"), scraper)  # another client: checked now
+
+
+def test_random_user_names_from_the_scrapers_own_address_do_not_keep_it_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Guesses with random user names, each a (client, user name) of its own, from the scraper's own address (a
+    neighbour on the node) ranked as the scraper did, so that the first to come took the waiting turn: a scraper
+    whose password was not cached yet got 429 for as long as the flood lasted (docs/research/audit-2026-12-02.md #9).
+    Unknown names share one lane, which fails with their first guess: the scraper's lane has not, so it takes the
+    waiting turn from the guess holding it and is let in next."""
+    release, real = threading.Event(), bcrypt.checkpw
+    monkeypatch.setattr(bcrypt, "checkpw", lambda password, digest: (password == b"secret" or release.wait(30))
+                        and real(password, digest))
+    auth = BasicAuth({"alice": HASH.encode(), "bob": HASH.encode()})
+    release.set()
+    assert auth.check(basic("mallory", "guess"), "10.0.0.1") is False
+    release.clear()
+    results: dict[str, bool | None] = {}
+    threads = [_in_thread(results, "running", auth, basic("trudy", "guess"), "10.0.0.1")]
+    poll(lambda: auth._turns._running, what="a guess inside bcrypt")
+    threads.append(_in_thread(results, "waiting", auth, basic("eve", "guess"), "10.0.0.1"))
+    poll(lambda: auth._turns._queue, what="a guess waiting")
+    threads.append(_in_thread(results, "scraper", auth, basic("bob", "secret"), "10.0.0.1"))
+    poll(lambda: "waiting" in results, what="the waiting guess refused for the scraper")
+    release.set()
+    for thread in threads:
+        thread.join(30)
+    assert results == {"running": False, "waiting": None, "scraper": True}
