@@ -28,7 +28,7 @@ from stallwatch.signals.nvml import GpuSettings, Nvml
 from stallwatch.signals.probes import ProbeManager, ProbeSettings
 from stallwatch.signals.xid import XidEvents
 from stallwatch.web import routes
-from stallwatch.web.server import HttpServer
+from stallwatch.web.server import HttpServer, Limits
 
 S = TypeVar("S", bound=CollectorSettings)
 
@@ -76,13 +76,14 @@ def oneshot(config: Config) -> Runtime:
         logs=LogManager(watcher, config.collector("logs", LogsSettings).poll_interval, replay_events=True))
 
 
-def serve(runtime: Runtime, host: str, port: int, telemetry_path: str, web_config: WebConfig | None) -> HttpServer:
+def serve(runtime: Runtime, host: str, port: int, telemetry_path: str, web_config: WebConfig | None,
+          limits: Limits | None = None) -> HttpServer:
     """Listen (OSError when it cannot), then start the runtime's loops: the root collector over the collectors
     that are on, the status pages, and the routes behind the web config."""
     registry = CollectorRegistry()
     registry.register(collectors.build(runtime))
     app = routes.make_app(registry, runtime.watcher, telemetry_path, web_config, StatusPages(runtime))
-    httpd, _ = routes.serve(app, host, port, web_config)
+    httpd, _ = routes.serve(app, host, port, web_config, limits)
     runtime.start()
     return httpd
 

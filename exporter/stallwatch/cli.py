@@ -19,8 +19,10 @@ from stallwatch.collectors import REGISTRY, sections
 from stallwatch.config import Config
 from stallwatch.config import web as webconfig
 from stallwatch.config.reader import ConfigError
+from stallwatch.config.units import parse_duration
 from stallwatch.report import oneshot, render
 from stallwatch.report.observe import UnknownServer
+from stallwatch.web.server import Limits
 
 DEFAULT_PORT = 9847
 log = logging.getLogger("stallwatch")
@@ -38,6 +40,9 @@ def _add_global_flags(parser: argparse.ArgumentParser, defaults: bool) -> None:
                         help=f"address to serve metrics on (default :{DEFAULT_PORT})")
     parser.add_argument("--web.telemetry-path", dest="telemetry_path", default=default("/metrics"),
                         help="path under which to serve metrics (default /metrics)")
+    parser.add_argument("--web.write-timeout", dest="write_timeout", default=default("10s"),
+                        help="how long a client may take to read one response before its connection is reset "
+                             "(default 10s)")
     parser.add_argument("--web.config.file", dest="web_config_file", default=default(None),
                         help="exporter-toolkit web config: TLS, basic auth, response headers (optional)")
     parser.add_argument("--config.file", dest="config_file", default=default(None),
@@ -89,6 +94,16 @@ def _listen_address(text: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)  # "" (":9847"): every address, IPv4 and IPv6
 
 
+def _write_timeout(text: str) -> float:
+    try:
+        seconds = parse_duration(text)
+    except ValueError:
+        seconds = 0.0
+    if seconds <= 0:
+        raise ValueError(f"--web.write-timeout: expected a duration above 0 like 10s, got {text!r}")
+    return seconds
+
+
 def _with_path_flags(config: Config, args: argparse.Namespace) -> Config:
     """`--path.*` flags override the config's `paths`; psutil reads processes under the same procfs."""
     paths = config.paths
@@ -131,6 +146,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "diagnose":
             return _diagnose(config, args)
         host, port = _listen_address(args.listen_address)
+        limits = Limits(write_timeout=_write_timeout(args.write_timeout))
         web_config = webconfig.load(args.web_config_file) if args.web_config_file else None
     except (ConfigError, ValueError, UnknownServer) as exc:
         print(f"stallwatch: error: {exc}", file=sys.stderr)
@@ -138,7 +154,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     runtime = app.build(config, {r.name: getattr(args, f"collector_{r.name}") for r in REGISTRY})
     try:
-        httpd = app.serve(runtime, host, port, args.telemetry_path, web_config)
+        httpd = app.serve(runtime, host, port, args.telemetry_path, web_config, limits)
     except OSError as exc:
         print(f"stallwatch: error: cannot listen on {args.listen_address}: {exc}", file=sys.stderr)
         return 1

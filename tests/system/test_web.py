@@ -18,8 +18,8 @@ from stallwatch.config.web import WebConfig, parse
 from stallwatch.web.routes import make_app, serve
 from support.certs import make_ca, make_cert
 from support.client import request
-from support.harness import Exporter, poll
-from support.load import basic, wrong_passwords
+from support.harness import Exporter, gpus, poll
+from support.load import basic, sequential_scrapes, slow_readers, wrong_passwords
 
 
 @pytest.fixture(scope="module")
@@ -212,5 +212,23 @@ def test_a_scraper_whose_password_is_not_cached_gets_through_a_flood_of_wrong_on
             status, _, _ = request(exporter.port, "/metrics", headers={"Authorization": basic("bob", "right")})
             assert status == 200, dict(answers)
             print(f"\nflood answers meanwhile: {dict(answers)}")
+    finally:
+        exporter.stop()
+
+
+@pytest.mark.process
+def test_readers_that_never_read_leave_scrapes_far_inside_the_write_timeout(tmp_path: Path) -> None:
+    """16 connections asking for `/metrics` and never reading held every HTTP worker in a blocking send for the write
+    timeout, so scrapes took 8-20 s (docs/research/audit-2026-12-02.md #8). With the write timeout at 30 s, 10 scrapes
+    beside 16 such readers are each answered within 10 s, a third of it: a slow reader holds its unsent response,
+    never a worker. 64 GPUs make `/metrics` about 190 KB, and each reader queues 200 requests, about 38 MB of answers,
+    far more than the kernel's send buffer takes (4 MiB at most by default)."""
+    exporter = Exporter(tmp_path, nvml={"gpus": gpus(64)}, args=("--web.write-timeout=30s",))
+    try:
+        exporter.wait_for(lambda s: len(s.samples("stallwatch_gpu_up")) == 64, what="64 GPUs read")
+        with slow_readers(exporter.port, 16, requests=200):
+            figures = sequential_scrapes(exporter.port, 10, pause=0.1)  # each read gives up after 10 s
+        print("\n" + figures.line("scrapes beside 16 connections that never read, write timeout 30 s"))
+        assert len(figures.latencies) == 10 and not figures.errors, figures.errors[:3]
     finally:
         exporter.stop()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from stallwatch.cli import _parser
+from stallwatch.cli import _parser, _write_timeout
 
 
 @pytest.mark.parametrize("argv", [
@@ -32,3 +32,10 @@ def test_a_collector_flag_after_serve_and_a_listen_address_before_it() -> None:
 def test_the_sub_commands_own_flags_stay_its_own() -> None:
     with pytest.raises(SystemExit):
         _parser().parse_args(["--json", "diagnose"])  # --json is diagnose's, not a global flag
+
+
+def test_the_write_timeout_is_a_duration_above_zero() -> None:
+    assert _write_timeout("30s") == 30.0 and _write_timeout("1m") == 60.0
+    for bad in ("0", "0s", "soon", "-1s"):
+        with pytest.raises(ValueError, match=r"--web\.write-timeout: expected a duration above 0"):
+            _write_timeout(bad)
