@@ -24,7 +24,7 @@ PHASE_INDEX = "max by (instance, server) (\n" + "\n  or ".join(
 
 
 # The alerts' `status_url` (rules/stallwatch.rules.yml), from a row of the server_info table.
-STATUS_URL = "http://${__data.fields.instance:raw}/servers/${__data.fields.server:percentencode}"
+STATUS_URL = "http://${__data.fields.instance:raw}/servers/?name=${__data.fields.server:percentencode}"
 
 
 def target(expr: str, legend: str, ref: str = "A", instant: bool = False) -> dict[str, Any]:

@@ -123,7 +123,7 @@ def test_stall_pages_idle_server_does_not_and_restart_resolves(
     assert "phase loading_weights, health probe failing" in notes["description"]
     # The exporter's page for the server, on the host:port Prometheus scrapes, says what the page says.
     assert notes["status_url"] == (f"http://127.0.0.1:{e.port}/servers/"
-                                   f"{urllib.parse.quote(page['labels']['server'], safe='')}")
+                                   f"?name={urllib.parse.quote_plus(page['labels']['server'], safe='')}")
     assert "STALLED: loaded but idle" in _status_page(notes["status_url"])
 
     def alerts_for(server: str) -> list[dict]:
@@ -224,7 +224,7 @@ def test_containerized_stall_pages_and_containerized_idle_server_does_not(
         description = page["annotations"]["description"]
         assert "phase loading_weights, health probe absent, port not listening." in description
         # Go's `urlquery` escapes the pod name's slash; the page is found all the same.
-        assert page["annotations"]["status_url"] == f"http://127.0.0.1:{e.port}/servers/llm%2Fkimi-0"
+        assert page["annotations"]["status_url"] == f"http://127.0.0.1:{e.port}/servers/?name=llm%2Fkimi-0"
         assert "<h1>llm/kimi-0</h1>" in _status_page(page["annotations"]["status_url"])
         assert "Model moonshotai/Kimi-K2-Instruct, TP 4, kubernetes pod llm/kimi-0." in description
         # The idle pod serves, probed at its own address, its /metrics fetched there: nothing at all, for the

@@ -54,9 +54,9 @@ def test_every_query_parses(tmp_path: Path) -> None:
 def test_servers_table_links_each_row_to_its_status_page() -> None:
     panel = next(p for p in json.loads(DASHBOARD.read_text())["panels"] if p["title"] == "Servers")
     [link] = panel["fieldConfig"]["defaults"]["links"]
-    assert link["url"] == "http://${__data.fields.instance:raw}/servers/${__data.fields.server:percentencode}"
+    assert link["url"] == "http://${__data.fields.instance:raw}/servers/?name=${__data.fields.server:percentencode}"
     rules = (ROOT / "rules" / "stallwatch.rules.yml").read_text()
-    assert "status_url: 'http://{{ $labels.instance }}/servers/{{ $labels.server | urlquery }}'" in rules
+    assert "status_url: 'http://{{ $labels.instance }}/servers/?name={{ $labels.server | urlquery }}'" in rules
 
 
 def test_xid_events_are_annotations() -> None:
@@ -83,7 +83,7 @@ def test_deployment_row_holds_the_deployment_panels_and_only_them() -> None:
                for _, p in panels() if p["title"].startswith("Deployment") for t in p["targets"])
     members = next(p for p in board["panels"] if p["title"] == "Deployment members")
     [link] = members["fieldConfig"]["defaults"]["links"]
-    assert link["url"] == "http://${__data.fields.instance:raw}/servers/${__data.fields.server:percentencode}"
+    assert link["url"] == "http://${__data.fields.instance:raw}/servers/?name=${__data.fields.server:percentencode}"
     # The head judges the deployment: its probe and tokens come from the member whose role is head.
     for title in ("Deployment head: health probe and process", "Deployment head: generated tokens/s"):
         assert all('role="head"' in expr for t, expr in row if t == title and "head_up" not in expr), title

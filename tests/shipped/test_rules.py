@@ -119,9 +119,10 @@ def test_alert_style() -> None:
         if name.startswith("InferenceServer"):
             assert set(notes) == {"summary", "description", "runbook_url", "status_url"}, name
             assert "$labels.server" in notes["description"], name
-            # The exporter's page for the server, on the host:port Prometheus scrapes; urlquery escapes the `/`
-            # of pod names (llm/kimi-0) as %2F.
-            assert notes["status_url"] == "http://{{ $labels.instance }}/servers/{{ $labels.server | urlquery }}", name
+            # The exporter's page for the server, on the host:port Prometheus scrapes. The name goes in the query,
+            # where `urlquery` is the escaping: a path loses a name that is a dot segment and keeps `+` as a plus.
+            status_url = "http://{{ $labels.instance }}/servers/?name={{ $labels.server | urlquery }}"
+            assert notes["status_url"] == status_url, name
         else:
             assert set(notes) == {"summary", "description", "runbook_url"}, name
         assert notes["runbook_url"].endswith("docs/runbook.md#" + name.lower()), name

@@ -1,6 +1,6 @@
 """HTTP routes: landing page `/`, the metrics endpoint, `/-/healthy`, each server's status page `/servers/<name>`
-(`/servers/?name=<name>` for `.` and `..`, which clients remove from paths; its report as `diagnose --json` writes
-it with `format=json`) and its static files, behind `--web.config.file`'s
+(also `/servers/?name=<name>`, which holds any name: the alert rules' `status_url` and the dashboard link it so; its
+report as `diagnose --json` writes it with `format=json`) and its static files, behind `--web.config.file`'s
 basic auth and headers; and `serve`, which listens.
 
 The server itself is `web.server` (bounded worker pool, deadlines, connection cap); the metrics endpoint is
@@ -68,10 +68,10 @@ DOT_SEGMENTS = (".", "..")
 
 
 def status_path(name: str) -> str:
-    """`/servers/<name>`, the name escaped whole (`/` too) as the alert rules' `urlquery` does. A name that is a dot
-    segment goes in the query, `/servers/?name=..`: clients remove `.` and `..` from a path (RFC 3986 5.2.4), and
-    browsers their escaped forms too (`%2E`, WHATWG URL's single- and double-dot segments), so no spelling of it in
-    the path reaches its page (docs/research/audit-2026-12-02.md #15)."""
+    """`/servers/<name>`, the name escaped whole (`/` too). A name that is a dot segment goes in the query,
+    `/servers/?name=..`, as the alert rules and the dashboard put every name: clients remove `.` and `..` from a path
+    (RFC 3986 5.2.4), and browsers their escaped forms too (`%2E`, WHATWG URL's single- and double-dot segments), so
+    no spelling of it in the path reaches its page (docs/research/audit-2026-12-02.md #15)."""
     escaped = quote(name.encode("utf-8", "surrogateescape"), safe="")
     return f"{STATUS_PREFIX}?name={escaped}" if name in DOT_SEGMENTS else STATUS_PREFIX + escaped
 
@@ -81,7 +81,7 @@ def _status_handler(status: StatusPages) -> Handler:
         escaped = request.path[len(STATUS_PREFIX):]
         if not escaped and (named := parse_qs(request.url.query, errors="surrogateescape").get("name")):
             server = status.find(named[0])  # `status_path` of `.` and `..`
-        else:  # `urlquery` writes a space as `+`; a name with a real `+` is found by the first spelling.
+        else:  # links of old alerts: `urlquery` wrote a space as `+`; a name with a real `+` is found first.
             server = status.find(unquote(escaped, errors="surrogateescape")) or status.find(
                 unquote_plus(escaped, errors="surrogateescape"))
         if server is None:

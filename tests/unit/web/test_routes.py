@@ -5,7 +5,7 @@ from __future__ import annotations
 import html
 import re
 from types import SimpleNamespace
-from urllib.parse import urljoin, urlsplit
+from urllib.parse import quote, quote_plus, urljoin, urlsplit
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -64,3 +64,17 @@ def test_a_server_named_a_dot_segment_links_to_its_own_page(name: str) -> None:
     for target in (urlsplit(resolved)._replace(scheme="", netloc="").geturl(), "/servers/" + "%2E" * len(name)):
         assert app(parse_head(f"GET {target} HTTP/1.1\r\nHost: x\r\n\r\n".encode())).status == 404
         assert asked.pop() == name, target
+
+
+@pytest.mark.parametrize("name", [".", "..", "a b+c", "llm/kimi-0", "x?format=json&"])
+def test_the_query_form_the_alerts_and_the_dashboard_link_holds_any_name(name: str) -> None:
+    """The alerts' `status_url` and the dashboard's links put the name in the query (`urlquery`, Grafana's
+    `percentencode`): each name, a dot segment or one that differs from another by a space and a plus too, leads to
+    its own page."""
+    asked: list[str] = []
+    pages = SimpleNamespace(find=lambda wanted: asked.append(wanted))
+    app = make_app(CollectorRegistry(), SimpleNamespace(servers=list), "/metrics", None, pages)  # type: ignore[arg-type]
+    for escaped in (quote_plus(name, safe=""), quote(name, safe="")):
+        assert app(parse_head(f"GET /servers/?name={escaped} HTTP/1.1\r\nHost: x\r\n\r\n".encode())).status == 404
+        assert asked == [name], escaped
+        asked.clear()
