@@ -13,18 +13,21 @@ The exporter watches a simulated SGLang TP=8 server with 8 fake GPUs, on loopbac
   7. authenticated scrapes beside 48 connections guessing the password of a cost-12 hash
      (docs/research/audit-2026-12-01.md #6);
   8. scrapes beside 16 connections that ask for `/metrics` 1,000 times and never read, and when the exporter reset
-     them (write deadline 10 s; docs/research/audit-2026-12-02.md #8).
-The attacking clients of 6 and 7 run in a child process, so that their threads do not slow the measuring client;
-the regression tests of 5-7 are tests/unit/web/test_server.py.
+     them (write deadline 10 s); then beside 16 that ask 50 times and reconnect once reset, as the audit's
+     `slowread` (docs/research/audit-2026-12-02.md #8);
+  9. the first scrape of 5 scrapers whose password was never checked, beside 16 connections from their address
+     guessing cost-12 passwords as one user and as random names (docs/research/audit-2026-12-02.md #9).
+The attacking clients of 6-9 run in a child process, so that their threads do not slow the measuring client;
+the regression tests of 5-7 are tests/unit/web/test_server.py, of 8 and 9 tests/system/test_web.py too.
 
     .venv/bin/python tests/bench/bench_http.py [--seconds 60] [--scrapers 50] [--idle 1000] [--slow 200]
-        [--attack-seconds 15] [--slow-readers 16] [--only bigheads,pipelining,guessing,slowreaders]
+        [--attack-seconds 15] [--slow-readers 16] [--cold-scrapers 5]
+        [--only bigheads,pipelining,guessing,slowreaders,coldauth]
 """
 
 from __future__ import annotations
 
 import argparse
-import base64
 import contextlib
 import multiprocessing
 import secrets
@@ -47,6 +50,7 @@ from support.load import (
     Figures,
     Rig,
     Scraper,
+    basic,
     concurrent_scrapers,
     cpu_percent,
     cut,
@@ -54,11 +58,13 @@ from support.load import (
     past_fd_limit,
     raise_nofile,
     sequential_scrapes,
+    slow_reader,
     slow_readers,
     start_rig,
     timed_scrapes,
     tls_beside_handshakeless,
     wait_ready,
+    wrong_passwords,
 )
 
 
@@ -215,10 +221,6 @@ def password_guessers(port: int, connections: int, answered: Synchronized) -> No
     _threads(connections, one)
 
 
-def basic(user: str, password: str) -> str:
-    return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
-
-
 def scrapes_for(port: int, seconds: float, headers: str = "", pause: float = 0.1) -> Figures:
     """One keep-alive client scraping `/metrics` every `pause` for `seconds`."""
     stop = time.monotonic() + seconds
@@ -261,11 +263,90 @@ def slow_reading(rig: Rig, args: argparse.Namespace) -> None:
                     what="slow readers reset")
         print(f"  all {len(socks)} reset by the exporter {done - start:.1f} s after the scrapes began "
               "(write deadline 10 s)")
+    size = len(Scraper(rig.exporter.port).get()[1])
+    print("  " + scrapes_for(rig.exporter.port, 5).line(f"unattacked scrapes of {size / 1000:.0f} kB, 5 s"))
+    with in_child(reconnecting_slow_readers, rig.exporter.port, args.slow_readers, 2 * SEND_BUFFER // size) as again:
+        figures = scrapes_for(rig.exporter.port, args.attack_seconds)
+        print("  " + figures.line(f"beside {args.slow_readers} readers that never read, each reconnecting once "
+                                  f"reset (the audit's slowread), {args.attack_seconds:g} s")
+              + f"; {again.value} reconnects  (audit 2026-12-02 #8 before the fix: p50 7.9 s, p99 11.2 s)")
+
+
+SEND_BUFFER = 4 << 20  # the most the kernel's send buffer of a connection takes by default (tcp_wmem)
+
+
+def reconnecting_slow_readers(port: int, count: int, requests: int, reconnects: Synchronized) -> None:
+    """docs/research/audit-2026-12-02.md #8's `slowread`: `count` connections with a 1 KiB receive buffer, each
+    sending pipelined `GET /metrics` and never reading, each opened again once the exporter cuts it. The audit asked
+    50 times for 88 kB; `requests` is chosen so that the answers overflow the kernel's send buffer as there."""
+    socks = [slow_reader(port, requests) for _ in range(count)]
+    while True:
+        for i, sock in enumerate(socks):
+            if cut(sock):
+                sock.close()
+                with contextlib.suppress(OSError):
+                    socks[i] = slow_reader(port, requests)
+                    _add(reconnects, 1)
+        time.sleep(0.2)
+
+
+def flooding_passwords(port: int, clients: int, answered: Synchronized) -> None:
+    with wrong_passwords(port, "alice", clients) as statuses:
+        while True:
+            time.sleep(0.2)
+            answered.value = sum(statuses.values())
+
+
+def cold_scrapers(tmp: Path, args: argparse.Namespace) -> None:
+    """Scrapers whose password was never checked (after a restart, all of them), beside 16 connections from their
+    own address guessing cost-12 passwords as alice and as random user names (docs/research/audit-2026-12-02.md #9):
+    each cold scraper's first scrape, and the cached scraper's scrapes meanwhile."""
+    cold = [f"bob{i}" for i in range(args.cold_scrapers)]
+    web = tmp / "web.yml"
+    hashes = {name: bcrypt.hashpw(b"secret", bcrypt.gensalt(12)).decode() for name in ["alice", *cold]}
+    web.write_text("basic_auth_users:\n" + "".join(f"  {name}: '{digest}'\n" for name, digest in hashes.items()))
+    exporter = Exporter(tmp, args=(f"--web.config.file={web}",), ready=False)
+    good = f"Authorization: {basic('alice', 'secret')}\r\n"
+    try:
+        poll(lambda: scrapes_for(exporter.port, 0.01, good).latencies, timeout=30, what="exporter, alice cached")
+        with in_child(flooding_passwords, exporter.port, 16) as answered:
+            start = time.monotonic()
+            poll(lambda: answered.value > 100, timeout=30, what="the flood under way")
+            firsts = Figures()
+            for name in cold:
+                took = _first_scrape(exporter.port, name)
+                (firsts.errors.append(name) if took is None else firsts.latencies.append(took))
+            cached = scrapes_for(exporter.port, 5, good)
+            rate = answered.value / (time.monotonic() - start)
+    finally:
+        exporter.stop()
+    print(firsts.line(f"{len(cold)} cold scrapers' first scrapes beside 16 connections guessing cost-12 passwords "
+                      "from their address") + f"; guesses answered {rate:.0f}/s  (before the fix: 429 throughout)")
+    print("  " + cached.line("cached scraper meanwhile"))
+
+
+def _first_scrape(port: int, user: str, give_up: float = 60.0) -> float | None:
+    """Seconds until `user` is let in, trying again a second after each 429 (as Retry-After says; Prometheus would
+    wait for its next scrape); None if not within `give_up`."""
+    scraper = Scraper(port, headers=f"Authorization: {basic(user, 'secret')}\r\n")
+    began = time.perf_counter()
+    try:
+        while time.perf_counter() - began < give_up:
+            try:
+                if scraper.get()[0] == 200:
+                    return time.perf_counter() - began
+            except OSError as exc:  # no answer within the client's 10 s: counted in the time, tried again
+                print(f"  {user}: {exc!r} after {time.perf_counter() - began:.1f} s")
+                scraper.close()
+            time.sleep(1)
+        return None
+    finally:
+        scraper.close()
 
 
 RIG_SCENARIOS = {"scrapers": scrapers, "flood": flood, "emfile": lambda rig, _: emfile(rig), "bigheads": big_heads,
                  "pipelining": pipelining, "slowreaders": slow_reading}
-OWN_EXPORTER = {"tls": lambda tmp, _: tls(tmp), "guessing": guessing}
+OWN_EXPORTER = {"tls": lambda tmp, _: tls(tmp), "guessing": guessing, "coldauth": cold_scrapers}
 
 
 def main() -> None:
@@ -279,20 +360,22 @@ def main() -> None:
     parser.add_argument("--pipeliners", type=int, default=8)
     parser.add_argument("--guessers", type=int, default=48)
     parser.add_argument("--slow-readers", type=int, default=16)
+    parser.add_argument("--cold-scrapers", type=int, default=5)
     parser.add_argument("--only", default=",".join([*RIG_SCENARIOS, *OWN_EXPORTER]), help="scenarios, comma-separated")
     args = parser.parse_args()
     chosen = args.only.split(",")
     raise_nofile(8192)
     tmp = Path(tempfile.mkdtemp(prefix="stallwatch-bench-http-"))
-    rig = start_rig(tmp)
-    try:
-        wait_ready(rig)
-        print(f"cores: {psutil.cpu_count()}; exporter pid {rig.exporter.proc.pid}")
-        for name in (n for n in RIG_SCENARIOS if n in chosen):
-            RIG_SCENARIOS[name](rig, args)
-    finally:
-        rig.exporter.stop()
-        rig.engine.stop()
+    print(f"cores: {psutil.cpu_count()}, load average {psutil.getloadavg()[0]:.1f}")
+    if any(name in chosen for name in RIG_SCENARIOS):  # the simulated TP=8 server takes a while to start
+        rig = start_rig(tmp)
+        try:
+            wait_ready(rig)
+            for name in (n for n in RIG_SCENARIOS if n in chosen):
+                RIG_SCENARIOS[name](rig, args)
+        finally:
+            rig.exporter.stop()
+            rig.engine.stop()
     for name in (n for n in OWN_EXPORTER if n in chosen):
         (tmp / name).mkdir()
         OWN_EXPORTER[name](tmp / name, args)

@@ -7,12 +7,13 @@ import ssl
 
 
 def request(port: int, path: str = "/-/healthy", method: str = "GET", headers: dict[str, str] | None = None,
-            context: ssl.SSLContext | None = None, host: str = "127.0.0.1") -> tuple[int, dict[str, str], bytes]:
+            context: ssl.SSLContext | None = None, host: str = "127.0.0.1",
+            timeout: float = 10.0) -> tuple[int, dict[str, str], bytes]:
     conn: http.client.HTTPConnection
     if context is None:
-        conn = http.client.HTTPConnection(host, port, timeout=10)
+        conn = http.client.HTTPConnection(host, port, timeout=timeout)
     else:
-        conn = http.client.HTTPSConnection(host, port, timeout=10, context=context)
+        conn = http.client.HTTPSConnection(host, port, timeout=timeout, context=context)
     try:
         conn.request(method, path, headers=headers or {})
         response = conn.getresponse()

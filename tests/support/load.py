@@ -30,12 +30,12 @@ from support.harness import Engine, Exporter, gpus, poll
 
 class Scraper:
     def __init__(self, port: int, path: str = "/metrics", context: ssl.SSLContext | None = None,
-                 headers: str = "") -> None:
-        self.port, self.path, self.context, self.headers = port, path, context, headers
+                 headers: str = "", timeout: float = 10.0) -> None:
+        self.port, self.path, self.context, self.headers, self.timeout = port, path, context, headers, timeout
         self.sock: socket.socket | None = None
 
     def _connect(self) -> socket.socket:
-        sock = socket.create_connection(("127.0.0.1", self.port), timeout=10)
+        sock = socket.create_connection(("127.0.0.1", self.port), timeout=self.timeout)
         if self.context is not None:
             sock = self.context.wrap_socket(sock, server_hostname="127.0.0.1")
         return sock
@@ -135,9 +135,11 @@ def timed_scrapes(scraper: Scraper, more: Callable[[], bool], pause: float) -> F
     return figures
 
 
-def sequential_scrapes(port: int, count: int, context: ssl.SSLContext | None = None, pause: float = 0.02) -> Figures:
+def sequential_scrapes(port: int, count: int, context: ssl.SSLContext | None = None, pause: float = 0.02,
+                       timeout: float = 10.0) -> Figures:
+    """`count` scrapes by one keep-alive client; each read gives up after `timeout`."""
     left = iter(range(count))
-    return timed_scrapes(Scraper(port, context=context), lambda: next(left, None) is not None, pause)
+    return timed_scrapes(Scraper(port, context=context, timeout=timeout), lambda: next(left, None) is not None, pause)
 
 
 @contextlib.contextmanager
@@ -177,12 +179,7 @@ def slow_readers(port: int, count: int, requests: int = 50) -> Iterator[list[soc
     socks: list[socket.socket] = []
     try:
         for _ in range(count):
-            sock = socket.socket()
-            socks.append(sock)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024)
-            sock.settimeout(10)
-            sock.connect(("127.0.0.1", port))
-            sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n" * requests)
+            socks.append(slow_reader(port, requests))
         yield socks
     finally:
         for sock in socks:
@@ -225,6 +222,20 @@ def wrong_passwords(port: int, user: str, clients: int) -> Iterator[collections.
         stop.set()
         for thread in threads:
             thread.join(15)
+
+
+def slow_reader(port: int, requests: int) -> socket.socket:
+    """One connection with a 1 KiB receive buffer that has sent `requests` pipelined `GET /metrics` and never reads."""
+    sock = socket.socket()
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024)
+        sock.settimeout(10)
+        sock.connect(("127.0.0.1", port))
+        sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n" * requests)
+    except OSError:
+        sock.close()
+        raise
+    return sock
 
 
 def cut(sock: socket.socket) -> bool:
