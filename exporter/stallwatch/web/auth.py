@@ -14,21 +14,23 @@ usually given whole), in its network (an IPv4 /24, an IPv6 /48):
 - one check at a time per (client, user name): its other guesses meanwhile get 429 without waiting;
 - after a wrong password, that (client, user name) waits `FAILURE_DELAY` s before its next check, doubling with each
   further failure up to `MAX_FAILURE_DELAY` (a success forgets them);
-- the waiting turn goes first to clients that have not failed in the last `RECENT` s, then to those whose network
-  has not either, then to checks whose lane has not: a guess ranked after another waits only while no cleaner one
-  wants the turn, and gives it up when one comes.
-So a scraper whose user name is not the one being guessed is checked right after the bcrypt running when it comes
-even from the flood's own address (a neighbour on the node) and its network, random user names included: they all
-rank as one lane that failed. The price: under a flood of its own, a client can tell configured user names from
-others by which of its guesses get a turn (one check's timing still tells nothing: the decoy hash).
+- the waiting turn goes first to clients let in within the last `RECENT` s that have not failed since (a rotated
+  password, a new replica on a scraper's host), then to clients that have not failed in the last `RECENT` s, then to
+  those whose network has not either, then to checks whose lane has not: a guess ranked after another waits only
+  while no cleaner one wants the turn, and gives it up when one comes.
+So a scraper from a host let in before is checked right after the bcrypt running when it comes, whatever the flood;
+so is one whose user name is not the one being guessed from the flood's own address (a neighbour on the node) or
+network, random user names included: there the guesses rank as it does but for their lane, one that failed. The
+price: under a flood of its own, a client can tell configured user names from others by which of its guesses get a
+turn (one check's timing still tells nothing: the decoy hash).
 The bound, for an attacker on many addresses: each address guesses one user's password at most once per
 `MAX_FAILURE_DELAY` once its delay has grown, and all of them together at most one bcrypt at a time (one core). A
 scraper whose own user name is being guessed, from a network with no recent failure, shares the waiting turn only
 with first guesses from networks that never failed: an attacker must use a new /24 (IPv6 /48) for each guess to keep
 it out (429, retry after 1 s), while that lasts. A scraper behind the attacker's own address and user name waits out
 that pair's delay: nothing but bcrypt tells its password from a guess. The table of clients is bounded (`CLIENTS`,
-oldest dropped), so that addresses cost bounded memory; a dropped record only forgets failures; there is one lane
-record per configured user and one for the rest.
+oldest dropped), so that addresses cost bounded memory; a dropped record only forgets failures and a success;
+there is one lane record per configured user and one for the rest.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ import itertools
 import secrets
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import bcrypt
@@ -98,19 +100,21 @@ class _Client:
     not_before: float = 0.0  # monotonic time before which a check of this (client, user name) is refused
     busy: bool = False  # a check of it waits or runs
     failed_at: float = -RECENT  # monotonic time of the last failure (client and network records)
+    let_in_at: float = -RECENT  # monotonic time of the last success, unless it failed since (client records)
 
 
 @dataclass
 class _Ticket:
-    rank: tuple[bool, bool, bool, int]  # (client, network, lane failed recently; arrival): the lowest goes first
+    rank: tuple[bool, bool, bool, bool, int]  # (client not let in, client, network, lane failed; arrival): lowest first
     bumped: bool = False
 
 
 class _Turns:
     """Turns at bcrypt: one runs, `WAITING` wait, by rank; see the module's docstring."""
 
-    def __init__(self, size: int = CLIENTS) -> None:
+    def __init__(self, size: int = CLIENTS, clock: Callable[[], float] = time.monotonic) -> None:
         self._size = size
+        self._clock = clock
         self._clients: collections.OrderedDict[tuple[str, str | None], _Client] = collections.OrderedDict()
         self._lanes: dict[str | None, _Client] = {}  # the configured user names and None (any other): bounded
         self._queue: list[_Ticket] = []
@@ -129,13 +133,14 @@ class _Turns:
         """Wait for this check's turn; False: refused now (429), because that (client, user name) has a check in
         flight or waits out a failure, or the waiting turn is held by a check that ranks first."""
         with self._cond:
-            now = time.monotonic()
+            now = self._clock()
             pair = self._client((client[0], user))
             if pair.busy or now < pair.not_before:
                 return False
             address, network = (self._client((key, None)) for key in client)
-            failed = (address, network, self._lanes.setdefault(lane, _Client()))
-            ticket = _Ticket((*(now - record.failed_at < RECENT for record in failed), next(self._arrivals)))
+            records = (address, network, self._lanes.setdefault(lane, _Client()))
+            failed = (now - record.failed_at < RECENT for record in records)
+            ticket = _Ticket((now - address.let_in_at >= RECENT, *failed, next(self._arrivals)))
             if self._running or self._queue:
                 if len(self._queue) >= WAITING:
                     last = max(self._queue, key=lambda t: t.rank)
@@ -155,15 +160,24 @@ class _Turns:
             pair.busy = self._running = True
             return True
 
+    def let_in(self, address: str) -> None:
+        """A success from the cache keeps its client ahead. No lock, so that a cached request never waits: a record
+        not there (dropped, or never checked from that address) stays so, and one that fails meanwhile may keep its
+        rank until its next failure."""
+        record = self._clients.get((address, None))
+        if record is not None:
+            record.let_in_at = self._clock()
+
     def done(self, client: tuple[str, str], user: str, lane: str | None, ok: bool) -> None:
         with self._cond:
             self._running = False
-            now = time.monotonic()
+            now = self._clock()
             pair, address = self._client((client[0], user)), self._client((client[0], None))
             pair.busy = False
             if ok:
-                pair.failures, pair.not_before, address.failed_at = 0, 0.0, -RECENT
+                pair.failures, pair.not_before, address.failed_at, address.let_in_at = 0, 0.0, -RECENT, now
             else:
+                address.let_in_at = -RECENT
                 pair.failures += 1
                 pair.not_before = now + min(MAX_FAILURE_DELAY, FAILURE_DELAY * 2 ** (pair.failures - 1))
                 for record in (address, self._client((client[1], None)), self._lanes.setdefault(lane, _Client())):
@@ -176,13 +190,14 @@ class BasicAuth:
     users apart), and results are cached (keyed by a hash of user, hash and password, never the password itself;
     a result never changes, so entries do not expire, as in exporter-toolkit)."""
 
-    def __init__(self, users: Mapping[str, bytes], size: int = 100) -> None:
+    def __init__(self, users: Mapping[str, bytes], size: int = 100,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.users = dict(users)
         self.decoy = bcrypt.hashpw(secrets.token_hex(16).encode(),
                                    bcrypt.gensalt(max((cost(d) for d in self.users.values()), default=10)))
         self._granted = _Results(size)
         self._denied = _Results(size)
-        self._turns = _Turns()
+        self._turns = _Turns(clock=clock)
 
     def check(self, authorization: str | None, peer: str = "") -> bool | None:
         """True: let in; False: refused (401); None: not checked now, because `peer` has no turn at bcrypt (429: try
@@ -195,6 +210,7 @@ class BasicAuth:
         key = hashlib.sha256(b"\0".join((user.encode("utf-8", "surrogateescape"), digest or self.decoy,
                                          password))).digest()
         if key in self._granted:
+            self._turns.let_in(client_of(peer)[0])
             return True
         if key in self._denied:
             return False

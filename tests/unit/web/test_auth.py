@@ -8,7 +8,7 @@ import threading
 import bcrypt
 import pytest
 
-from stallwatch.web.auth import BasicAuth, client_of
+from stallwatch.web.auth import RECENT, BasicAuth, client_of
 from support.harness import poll
 
 HASH = bcrypt.hashpw(b"secret", bcrypt.gensalt(4)).decode()
@@ -103,3 +103,33 @@ def test_random_user_names_from_the_scrapers_own_address_do_not_keep_it_out(monk
     for thread in threads:
         thread.join(30)
     assert results == {"running": False, "waiting": None, "scraper": True}
+
+
+def test_a_client_let_in_before_goes_ahead_of_guesses_from_clean_addresses(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Guesses from a fresh address in a fresh network each time ranked as a scraper's first check does: one whose
+    host was let in minutes before (its password rotated, or a new replica beside it) took the waiting turn only if
+    it came first (docs/research/audit-2026-12-02.md #9: "the most recent successes' addresses first"). A client let
+    in within `RECENT` s (by bcrypt or from the cache), and not failed since, takes the waiting turn from such a
+    guess."""
+    release, real = threading.Event(), bcrypt.checkpw
+    monkeypatch.setattr(bcrypt, "checkpw", lambda password, digest: (password == b"secret" or release.wait(30))
+                        and real(password, digest))
+    clock = [1000.0]
+    auth = BasicAuth({"alice": HASH.encode(), "bob": HASH.encode()}, clock=lambda: clock[0])
+    assert auth.check(basic("alice", "secret"), "10.0.0.5")  # its host was let in
+    clock[0] += RECENT
+    assert auth.check(basic("alice", "secret"), "10.0.0.5")  # and keeps scraping, from the cache
+    clock[0] += RECENT - 1
+    results: dict[str, bool | None] = {}
+    threads = [_in_thread(results, "running", auth, basic("alice", "guess1"), "10.0.1.1")]
+    poll(lambda: auth._turns._running, what="a guess inside bcrypt")
+    threads.append(_in_thread(results, "waiting", auth, basic("alice", "guess2"), "10.0.2.1"))
+    poll(lambda: auth._turns._queue, what="a guess waiting")
+    threads.append(_in_thread(results, "scraper", auth, basic("bob", "secret"), "10.0.0.5"))
+    poll(lambda: "waiting" in results, what="the waiting guess refused for the scraper")
+    release.set()
+    for thread in threads:
+        thread.join(30)
+    assert results == {"running": False, "waiting": None, "scraper": True}
+    assert auth.check(basic("alice", "guess3"), "10.0.0.5") is False  # a failure: no longer ahead
+    assert auth._turns._client(("10.0.0.5", None)).let_in_at < 0
