@@ -192,14 +192,14 @@ def basic(user: str, password: str) -> str:
 
 
 @contextlib.contextmanager
-def wrong_passwords(port: int, user: str, clients: int) -> Iterator[collections.Counter[int]]:
+def wrong_passwords(port: int, user: str, clients: int) -> Iterator[collections.Counter[tuple[str, int]]]:
     """`clients` keep-alive connections guessing passwords as fast as they are answered, for as long as the block
     runs (docs/research/audit-2026-12-02.md #9's flood): half as `user`, half with a random user name each time.
-    Yields the count of answers by status."""
-    statuses: collections.Counter[int] = collections.Counter()
+    Yields the count of answers by the name guessed as (`user`, or "random") and status."""
+    statuses: collections.Counter[tuple[str, int]] = collections.Counter()
     lock, stop = threading.Lock(), threading.Event()
 
-    def guess(name: Callable[[], str]) -> None:
+    def guess(kind: str, name: Callable[[], str]) -> None:
         scraper = Scraper(port)
         while not stop.is_set():
             scraper.headers = f"Authorization: {basic(name(), secrets.token_hex(8))}\r\n"
@@ -209,11 +209,11 @@ def wrong_passwords(port: int, user: str, clients: int) -> Iterator[collections.
                 scraper.close()
                 continue
             with lock:
-                statuses[answer] += 1
+                statuses[kind, answer] += 1
         scraper.close()
 
-    names = (lambda: user, lambda: secrets.token_hex(4))
-    threads = [threading.Thread(target=guess, args=(names[i % 2],), daemon=True) for i in range(clients)]
+    names = ((user, lambda: user), ("random", lambda: secrets.token_hex(4)))
+    threads = [threading.Thread(target=guess, args=names[i % 2], daemon=True) for i in range(clients)]
     for thread in threads:
         thread.start()
     try:
