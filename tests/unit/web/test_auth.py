@@ -46,19 +46,41 @@ def _in_thread(results: dict[str, bool | None], name: str, auth: BasicAuth, head
     return thread
 
 
+@pytest.fixture
+def release(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
+    """bcrypt held for every password but `secret` until the event is set."""
+    held, real = threading.Event(), bcrypt.checkpw
+    monkeypatch.setattr(bcrypt, "checkpw", lambda password, digest: (password == b"secret" or held.wait(30))
+                        and real(password, digest))
+    return held
+
+
+def _contest(auth: BasicAuth, release: threading.Event, running: tuple[str, str], waiting: tuple[str, str],
+             scraper: tuple[str, str]) -> dict[str, bool | None]:
+    """A guess inside bcrypt (held), another waiting for its turn, then the scraper's check: each one's answer."""
+    results: dict[str, bool | None] = {}
+    threads = [_in_thread(results, "running", auth, *running)]
+    poll(lambda: auth._turns._running, what="a guess inside bcrypt")
+    threads.append(_in_thread(results, "waiting", auth, *waiting))
+    poll(lambda: auth._turns._queue, what="a guess waiting")
+    threads.append(_in_thread(results, "scraper", auth, *scraper))
+    poll(lambda: "waiting" in results, what="the waiting guess refused for the scraper")
+    release.set()
+    for thread in threads:
+        thread.join(30)
+    return results
+
+
 @pytest.mark.parametrize(("waiting", "scraper"), [("10.0.0.67", "10.0.0.1"), ("10.0.0.68", "192.0.2.1")],
                          ids=["address-failed", "network-failed"])
 def test_a_flood_of_wrong_passwords_lets_a_scraper_with_the_right_one_through(
-        monkeypatch: pytest.MonkeyPatch, waiting: str, scraper: str) -> None:
+        release: threading.Event, waiting: str, scraper: str) -> None:
     """A flood of wrong passwords took every turn at bcrypt, so a scraper whose password was not cached yet (after
     any restart, every scraper) got 429 for as long as the flood lasted (docs/research/audit-2026-12-02.md #9).
     While one guess holds bcrypt (held here until the end), the flooding client's further guesses are refused at once,
     a guess from an address that failed before (or a fresh one in its /24, against a scraper from another network)
     gives up its waiting turn to the scraper, and the scraper, checked next, is let in; the flooder's own address then
     waits out its failure delay."""
-    release, real = threading.Event(), bcrypt.checkpw
-    monkeypatch.setattr(bcrypt, "checkpw", lambda password, digest: (password == b"secret" or release.wait(30))
-                        and real(password, digest))
     auth = BasicAuth({"alice": HASH.encode(), "bob": HASH.encode()})
     release.set()
     assert auth.check(basic("bob", "guess"), "10.0.0.67") is False  # that address has failed before
@@ -79,57 +101,35 @@ def test_a_flood_of_wrong_passwords_lets_a_scraper_with_the_right_one_through(
     assert auth.check(basic("alice", "secret"), scraper)  # another client: checked now
 
 
-def test_random_user_names_from_the_scrapers_own_address_do_not_keep_it_out(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_random_user_names_from_the_scrapers_own_address_do_not_keep_it_out(release: threading.Event) -> None:
     """Guesses with random user names, each a (client, user name) of its own, from the scraper's own address (a
     neighbour on the node) ranked as the scraper did, so that the first to come took the waiting turn: a scraper
     whose password was not cached yet got 429 for as long as the flood lasted (docs/research/audit-2026-12-02.md #9).
     Unknown names share one lane, which fails with their first guess: the scraper's lane has not, so it takes the
     waiting turn from the guess holding it and is let in next."""
-    release, real = threading.Event(), bcrypt.checkpw
-    monkeypatch.setattr(bcrypt, "checkpw", lambda password, digest: (password == b"secret" or release.wait(30))
-                        and real(password, digest))
     auth = BasicAuth({"alice": HASH.encode(), "bob": HASH.encode()})
     release.set()
     assert auth.check(basic("mallory", "guess"), "10.0.0.1") is False
     release.clear()
-    results: dict[str, bool | None] = {}
-    threads = [_in_thread(results, "running", auth, basic("trudy", "guess"), "10.0.0.1")]
-    poll(lambda: auth._turns._running, what="a guess inside bcrypt")
-    threads.append(_in_thread(results, "waiting", auth, basic("eve", "guess"), "10.0.0.1"))
-    poll(lambda: auth._turns._queue, what="a guess waiting")
-    threads.append(_in_thread(results, "scraper", auth, basic("bob", "secret"), "10.0.0.1"))
-    poll(lambda: "waiting" in results, what="the waiting guess refused for the scraper")
-    release.set()
-    for thread in threads:
-        thread.join(30)
+    results = _contest(auth, release, (basic("trudy", "guess"), "10.0.0.1"), (basic("eve", "guess"), "10.0.0.1"),
+                       (basic("bob", "secret"), "10.0.0.1"))
     assert results == {"running": False, "waiting": None, "scraper": True}
 
 
-def test_a_client_let_in_before_goes_ahead_of_guesses_from_clean_addresses(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_client_let_in_before_goes_ahead_of_guesses_from_clean_addresses(release: threading.Event) -> None:
     """Guesses from a fresh address in a fresh network each time ranked as a scraper's first check does: one whose
     host was let in minutes before (its password rotated, or a new replica beside it) took the waiting turn only if
     it came first (docs/research/audit-2026-12-02.md #9: "the most recent successes' addresses first"). A client let
     in within `RECENT` s (by bcrypt or from the cache), and not failed since, takes the waiting turn from such a
     guess."""
-    release, real = threading.Event(), bcrypt.checkpw
-    monkeypatch.setattr(bcrypt, "checkpw", lambda password, digest: (password == b"secret" or release.wait(30))
-                        and real(password, digest))
     clock = [1000.0]
     auth = BasicAuth({"alice": HASH.encode(), "bob": HASH.encode()}, clock=lambda: clock[0])
     assert auth.check(basic("alice", "secret"), "10.0.0.5")  # its host was let in
     clock[0] += RECENT
     assert auth.check(basic("alice", "secret"), "10.0.0.5")  # and keeps scraping, from the cache
     clock[0] += RECENT - 1
-    results: dict[str, bool | None] = {}
-    threads = [_in_thread(results, "running", auth, basic("alice", "guess1"), "10.0.1.1")]
-    poll(lambda: auth._turns._running, what="a guess inside bcrypt")
-    threads.append(_in_thread(results, "waiting", auth, basic("alice", "guess2"), "10.0.2.1"))
-    poll(lambda: auth._turns._queue, what="a guess waiting")
-    threads.append(_in_thread(results, "scraper", auth, basic("bob", "secret"), "10.0.0.5"))
-    poll(lambda: "waiting" in results, what="the waiting guess refused for the scraper")
-    release.set()
-    for thread in threads:
-        thread.join(30)
+    results = _contest(auth, release, (basic("alice", "guess1"), "10.0.1.1"), (basic("alice", "guess2"), "10.0.2.1"),
+                       (basic("bob", "secret"), "10.0.0.5"))
     assert results == {"running": False, "waiting": None, "scraper": True}
     assert auth.check(basic("alice", "guess3"), "10.0.0.5") is False  # a failure: no longer ahead
     assert auth._turns._client(("10.0.0.5", None)).let_in_at < 0
