@@ -38,7 +38,7 @@ def expand(sources: Iterable[LogSource], owners: tuple[int, ...]) -> list[LogSou
     passes the checks, or one that says why its directory is refused."""
     out: list[LogSource] = []
     for source in sources:
-        if source.via != "path" or source.format != "plain":
+        if source.via != "path" or source.format != "plain" or source.unavailable:  # not a file to check: as it is
             out.append(source)
             continue
         if not glob.has_magic(source.open_path):

@@ -105,6 +105,7 @@ class LogInterpreter:
         self._last_launch = float("-inf")
         self._fatal_in_launch = False
         self._stopping = False  # the engine said it was asked to stop, in this launch
+        self._gone = False  # the main process ended and no launch came since
         self._banner_seen = False  # the engine's launch banner, in this launch
         self._main_banner_seen = False  # a banner that is no `second_banner`, in this launch
         self._last_progress: float | None = None  # when a line that is not a heartbeat last came
@@ -262,7 +263,7 @@ class LogInterpreter:
             self._count(["server_restart"])
         self._last_launch = self._wall()
         self._shards = ShardBars()
-        self._fatal_in_launch = self._stopping = self._banner_seen = self._main_banner_seen = False
+        self._fatal_in_launch = self._stopping = self._banner_seen = self._main_banner_seen = self._gone = False
         self._stats.relaunched()
         self._pending.relaunched()
         self._enter("launching")
@@ -294,6 +295,7 @@ class LogInterpreter:
     def process_started(self, create_time: float) -> None:
         """A new main process: a launch, unless its log already said so."""
         with self._lock:
+            self._gone = False
             if self._last_launch < create_time - 1.0:
                 self._launch(count_restart=True)
 
@@ -302,14 +304,16 @@ class LogInterpreter:
             if self._traceback is not None:  # the process ended in the middle of one: a failure
                 self._judge_open(tracebacks.Judged(False, 0))
             self._enter("failed" if self._fatal_in_launch or self._phase == "failed" else "stopped")
+            self._gone = True
 
     def probe_succeeded(self, at: float) -> None:
         """A health probe that answered after the phase began: the server is serving, unless it failed after it
         served (an engine whose HTTP server outlives its engine: trtllm-serve's `/health` stays 200 until it
-        notices that its executor died; only a new launch leaves that failure)."""
+        notices that its executor died; only a new launch leaves that failure), or its process is gone (what
+        answers is another's: a Service's other replica, or a probe sent before the process ended)."""
         with self._lock:
             served_then_failed = self._phase == "failed" and "serving" in self._timeline
-            if self._phase != "serving" and not served_then_failed and at > self._since:
+            if self._phase != "serving" and not served_then_failed and not self._gone and at > self._since:
                 self._enter("serving")
 
     def recovered(self, since: float) -> None:

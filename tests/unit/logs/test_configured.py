@@ -45,6 +45,13 @@ def test_a_glob_in_a_directory_everyone_can_write_is_refused_and_says_why(tmp_pa
     assert "writable by everyone" in caplog.text
 
 
+def test_a_source_that_says_why_it_cannot_be_read_keeps_its_reason() -> None:
+    """Docker's `local` driver: no file to check, and the reason must reach log_up's warning (it was lost, and the
+    follower stat'ed the label)."""
+    unreadable = LogSource("docker:vllm-1", unavailable="Docker log driver 'local' is not readable outside dockerd")
+    assert expand([unreadable], owners_for(None)) == [unreadable]
+
+
 def test_a_configured_path_in_a_directory_everyone_can_write_is_down(tmp_path: Path) -> None:
     team = _team(tmp_path, 0o777)
     path = str(team / "server.log")

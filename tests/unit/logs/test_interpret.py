@@ -489,8 +489,13 @@ def test_probe_success_means_serving_and_process_gone_means_stopped() -> None:
     assert interpreter.snapshot().phase == "serving"
     interpreter.process_gone()
     assert interpreter.snapshot().phase == "stopped"
+    # What answers once the process is gone is another's (a Service's other replica, a probe in flight): still stopped
+    interpreter.probe_succeeded(at=190.0)
+    assert interpreter.snapshot().phase == "stopped"
     interpreter.process_started(create_time=170.0)
     assert interpreter.snapshot().phase == "launching" and interpreter.snapshot().events["server_restart"] == 1
+    interpreter.probe_succeeded(at=195.0)
+    assert interpreter.snapshot().phase == "serving"
 
 
 def test_events_counted_once_per_line() -> None:
