@@ -51,3 +51,36 @@ def test_ten_load_and_unload_cycles_and_a_loaded_idle_model_raise_no_alert(
     assert query(f'stallwatch_server_up{{server="{sim.name}"}} == 1')
     assert [a["metric"] for a in query("ALERTS") if a["metric"].get("server") in ours] == []
     assert [a["labels"] for a in hook.alerts if a["labels"].get("server") in ours] == []
+
+
+def test_a_model_load_that_stalls_with_its_runner_holding_gpu_memory_pages(
+    exporter, ollama, daemons: list[Daemon], tmp_path: Path
+) -> None:
+    """A serving Ollama starts a load whose runner takes 40 GB of an idle GPU and never answers (no `llama-server
+    started in`, no `Load failed`: `OLLAMA_LOAD_TIMEOUT` raised), the log quiet but for the probe's heartbeats, `/`
+    answering 200 throughout: InferenceServerLoadedButIdle pages, in phase loading_weights, once log_stale and the
+    idle window have passed (issue 28 item 1)."""
+    hook = Webhook()
+    am_port = alertmanager(daemons, tmp_path, hook)
+    nvml = gpus(1, used=1e9, util=0, power=60, power_limit=700, recovery_action=0, ecc_uncorrected=0)
+    e = exporter(nvml={"gpus": nvml}, config=EXPORTER_CONFIG)
+    query = prometheus(daemons, tmp_path, am_port, [f"127.0.0.1:{e.port}"])
+    poll(lambda: query('up{job="stallwatch"} == 1'), timeout=30, what="the first scrape")
+
+    # The runner stops in its tensors' load (its /health 503 `Loading model`): its lines are the log's last.
+    until_tensors = "".join(t.llamacpp_healthy().splitlines(keepends=True)[:6])
+    sim = ollama([["log", t.ollama_serving()], ["serve"], ["load", MODELS[0]], ["log", t.ollama_load(MODELS[0])]],
+                 until_tensors, runner_final="stall")
+    # The runner, not the interpreter's launcher before it (a pyenv shim's child).
+    runner = poll(lambda: [p for p in psutil.Process(sim.proc.pid).children()
+                           if "llama-server" in "".join(p.cmdline()[1:2])], what="the runner")[0]
+    nvml[0].update(used=41e9, processes=[{"pid": runner.pid, "used": 40e9}])
+    e.nvml.update(gpus=nvml)
+    poll(lambda: query(f'stallwatch_startup_phase{{server="{sim.name}",phase="loading_weights"}} == 1'),
+         timeout=30, what="the load's phase")
+    started = time.time()
+    page = poll(lambda: hook.find("InferenceServerLoadedButIdle", sim.name, "firing"), timeout=120, interval=0.2,
+                what="the stalled load's page")
+    assert page["received_at"] - started >= 12  # log_stale: not before the log was quiet that long
+    assert "phase loading_weights" in page["annotations"]["description"]
+    assert query(f'stallwatch_probe_success{{server="{sim.name}"}} == 1')  # `/` answered all along

@@ -57,11 +57,15 @@ class Rule:
     # A failure of one of the server's runners, which the server outlives (an Ollama model load that fails while the
     # server serves its other models): its event counts, and the launch has not failed for it.
     runner: bool = False
+    # One model's load in a server that serves others (Ollama's runner start): `loading_weights` from `serving`,
+    # until a line moves it back (the load's ready or failed line); the server's liveness probe (Ollama's `/`, which
+    # answers whatever its runners do) does not end it, so a load that stalls reads as one.
+    model_load: bool = False
 
 
 def rule(regex: str, phase: str | None = None, event: str | None = None, *, launch: bool = False,
          stop: bool = False, serving: bool = True, traceback: bool = False, after_stop: bool = False,
-         second_banner: bool = False, runner: bool = False) -> Rule:
+         second_banner: bool = False, runner: bool = False, model_load: bool = False) -> Rule:
     if phase is not None and phase not in PHASES:
         raise ValueError(f"unknown phase {phase!r}")
     if event is not None and event not in EVENTS:
@@ -70,8 +74,10 @@ def rule(regex: str, phase: str | None = None, event: str | None = None, *, laun
         raise ValueError("a launch banner is a launching line")
     if runner and phase is not None:
         raise ValueError("a runner's failure moves no phase of the server")
+    if model_load and phase != "loading_weights":
+        raise ValueError("a model's load is a loading_weights line")
     return Rule(re.compile(regex.encode(), re.MULTILINE), phase, event, launch or second_banner, stop, serving,
-                traceback, after_stop, second_banner, runner)
+                traceback, after_stop, second_banner, runner, model_load)
 
 
 # Open MPI (mpirun, as TensorRT-LLM and multi-node llama.cpp run): a rank's signal handler

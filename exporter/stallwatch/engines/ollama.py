@@ -9,14 +9,17 @@ Ollama starts a runner per loaded model and ends it after `OLLAMA_KEEP_ALIVE` (5
 a server of its own (discovery drops a match inside a watched server's tree), so a load and an unload add no server
 and raise nothing.
 
-The phase is the server's, not a model's: `serving` from the API's listen line on, whatever its runners do. The load
-lines (`starting llama-server cmd=...` `:433`, `loading model via llama-server` `:1048`, `waiting for llama-server
-to start responding` `:1295`, `llama-server started in N seconds` `:1362`; `starting runner`, `waiting for llama
-runner to start responding`, `llama runner started in` before) are progress, like every line that is not a
-heartbeat: the log only leaves `serving` on a failure of the server's own. A load that fails is one model's failure
-while the server goes on serving the others: a `fatal` event (the InferenceServerFatalLogEvents ticket) that is the
-runner's (`Rule.runner`), never the `failed` phase (InferenceServerFailed) nor a failed launch when the server
-later exits.
+The phase is the server's: `serving` from the API's listen line on, but for its model loads. A load (`starting
+llama-server cmd=...` `:433`; `starting runner` before) is `loading_weights` until its ready line (`llama-server
+started in N seconds` `:1362`; `llama runner started in` before) or the scheduler's `Load failed` (`server/sched.go:
+641`, for a timeout, a runner that died and a client that gave up, `... to start: context canceled`) moves it back to
+`serving`; the probe of `/` does not end it (`Rule.model_load`). So a load that stalls with its runner holding GPU
+memory reads as one (InferenceServerLoadedButIdle: never serving for its idle window), while loads that finish and
+unloads (no line) leave the server serving. The lines in between (`loading model via llama-server` `:1048`, `waiting
+for llama-server to start responding` `:1295`) are progress, like every line that is not a heartbeat. A load that
+fails is one model's failure while the server goes on serving the others: a `fatal` event (the
+InferenceServerFatalLogEvents ticket) that is the runner's (`Rule.runner`), never the `failed` phase
+(InferenceServerFailed) nor a failed launch when the server later exits.
 
 `/api/ps` (`server/routes.go:2271` `PsHandler`, `api/types.go:817-844` `ProcessResponse`): `{"models": [{"name":
 "llama3.2:latest", "size": ..., "size_vram": 2364475392, "expires_at": ..., ...}]}`, the models loaded now and the
@@ -48,6 +51,11 @@ ENGINE = Engine(
         rule(r'msg="server config"', phase="launching", launch=True),
         # `server/routes.go:2008`: `msg="Listening on 127.0.0.1:11434 (version 0.30.1)"`.
         rule(r'msg="Listening on \S+ \(version ', phase="serving"),
+        # A model's load (`llm/llama_server.go:433`, `llm/server.go@f63eea3:433`), to its ready line (`:1362`,
+        # `llm/server.go@f63eea3:619`) or the scheduler's `msg="Load failed" model=... error=...`
+        # (`server/sched.go:641`).
+        rule(r'msg="starting (?:llama-server|runner)" cmd=', phase="loading_weights", model_load=True),
+        rule(r'msg="(?:llama-server|llama runner) started in |msg="Load failed"', phase="serving"),
         # A load that Ollama gave up on after `OLLAMA_LOAD_TIMEOUT` without load activity (5 minutes,
         # `envconfig/config.go:146-164`), logged by the scheduler as `msg="Load failed" ... error="timed out waiting
         # for llama-server to start - ..."` (`server/sched.go:641`, `llm/llama_server.go:1336`; `llama runner` and

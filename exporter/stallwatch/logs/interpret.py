@@ -34,10 +34,10 @@ class Matcher:
         rules = list(engine.all_rules())
         self.shards = engine.shards
         self.startup = compile_rules(rules, engine.shards)
-        # Only a new launch, a stop or a failure leaves `serving`: other phase lines need not be looked at then,
-        # nor lines that one request's error prints too.
+        # Only a new launch, a stop, a failure or a model's load leaves `serving`: other phase lines need not be
+        # looked at then, nor lines that one request's error prints too.
         self.serving = compile_rules([r for r in rules if r.serving and (
-            r.launch or r.stop or r.phase == "failed" or r.event)], None)
+            r.launch or r.stop or r.phase == "failed" or r.event or r.model_load)], None)
         self.routine_lines = engine.routine_lines
         self.heartbeats = engine.heartbeats
         # A whole line that holds a heartbeat, from its start (`\n`, `\r` or the block's), so one `sub` drops them.
@@ -106,6 +106,7 @@ class LogInterpreter:
         self._fatal_in_launch = False
         self._stopping = False  # the engine said it was asked to stop, in this launch
         self._gone = False  # the main process ended and no launch came since
+        self._model_load = False  # the phase is one model's load in a serving server (`Rule.model_load`)
         self._banner_seen = False  # the engine's launch banner, in this launch
         self._main_banner_seen = False  # a banner that is no `second_banner`, in this launch
         self._last_progress: float | None = None  # when a line that is not a heartbeat last came
@@ -197,7 +198,7 @@ class LogInterpreter:
             if r.event == "fatal" and not r.runner:
                 self._fatal_in_launch = True
             if r.phase is not None:
-                self._line_phase(r.phase, count_events, r.launch, r.second_banner)
+                self._line_phase(r.phase, count_events, r.launch, r.second_banner, r.model_load)
         if opened and "fatal" in seen and self._traceback is not None:
             # The line counted its fatal already (`Scheduler hit an exception: Traceback ...`): one count per line
             # and event, however many blocks its traceback spans.
@@ -239,7 +240,8 @@ class LogInterpreter:
         if found:
             self._shards.update(int(found.group(1)), int(found.group(2)))
 
-    def _line_phase(self, phase: str, count_events: bool, banner: bool = False, second: bool = False) -> None:
+    def _line_phase(self, phase: str, count_events: bool, banner: bool = False, second: bool = False,
+                    model_load: bool = False) -> None:
         if phase == "launching":
             # A launch's first banner is its own, whether the launch began at a new main process or the probe made
             # it `serving` before the log was read; a later one starts a new launch once this one got past
@@ -253,9 +255,9 @@ class LogInterpreter:
             self._banner_seen = self._banner_seen or banner
             self._main_banner_seen = self._main_banner_seen or (banner and not second)
             return
-        if self._phase == "failed" or (self._phase == "serving" and phase != "failed"):
-            return  # only a new launch leaves `failed`; only a failure leaves `serving`
-        self._enter(phase)
+        if self._phase == "failed" or (self._phase == "serving" and phase != "failed" and not model_load):
+            return  # only a new launch leaves `failed`; only a failure (or a model's load) leaves `serving`
+        self._enter(phase, model_load)
 
     def _launch(self, count_restart: bool) -> None:
         self._launches += 1
@@ -269,7 +271,9 @@ class LogInterpreter:
         self._enter("launching")
         self._timeline = ["launching"]
 
-    def _enter(self, phase: str) -> None:
+    def _enter(self, phase: str, model_load: bool = False) -> None:
+        if phase != self._phase or model_load:
+            self._model_load = model_load
         if phase != self._phase:
             self._phase = phase
             self._since = self._wall()
@@ -310,10 +314,12 @@ class LogInterpreter:
         """A health probe that answered after the phase began: the server is serving, unless it failed after it
         served (an engine whose HTTP server outlives its engine: trtllm-serve's `/health` stays 200 until it
         notices that its executor died; only a new launch leaves that failure), or its process is gone (what
-        answers is another's: a Service's other replica, or a probe sent before the process ended)."""
+        answers is another's: a Service's other replica, or a probe sent before the process ended), or a model's load
+        is under way (`Rule.model_load`: the probe says only that the server's API lives)."""
         with self._lock:
             served_then_failed = self._phase == "failed" and "serving" in self._timeline
-            if self._phase != "serving" and not served_then_failed and not self._gone and at > self._since:
+            if (self._phase != "serving" and not served_then_failed and not self._gone and not self._model_load
+                    and at > self._since):
                 self._enter("serving")
 
     def recovered(self, since: float) -> None:

@@ -441,19 +441,43 @@ def test_llamacpp_startup_and_load_error() -> None:
 
 
 def test_ollama_serves_through_its_model_loads_and_a_failed_load_is_one_fatal_event() -> None:
-    """Ollama's phase is its API's: its loads' lines and its runners' own llama.cpp lines (in the same log) move
-    nothing, and a load that times out is a fatal event of that model's runner: the server still serves, and exits
-    stopped, not failed."""
+    """Ollama's phase is its API's but for a model's load, `loading_weights` from its start line to its ready line
+    (its runner's own llama.cpp lines, in the same log, move nothing), and a load that times out is a fatal event of
+    that model's runner: the server serves again, and exits stopped, not failed."""
     ollama = fed("ollama", t.ollama_serving())
     assert ollama.snapshot().phase == "serving"
     for _ in range(3):
-        fed("ollama", t.ollama_load(port="40123"), t.llamacpp_healthy(), t.ollama_loaded(), interpreter=ollama)
+        assert phases("ollama", t.ollama_load(port="40123") + t.llamacpp_healthy() + t.ollama_loaded(),
+                      interpreter=ollama) == ["loading_weights", "serving"]
     snap = ollama.snapshot()
-    assert (snap.phase, snap.timeline, snap.launches) == ("serving", ("launching", "serving"), 1)
+    assert (snap.phase, snap.timeline[:4], snap.launches) == ("serving", ("launching", "serving", "loading_weights",
+                                                                           "serving"), 1)
     assert not any(snap.events.values())
     fed("ollama", t.ollama_load(port="40124"), t.ollama_load_timeout(), interpreter=ollama)
     assert (ollama.snapshot().phase, ollama.snapshot().events["fatal"]) == ("serving", 1)
     assert ends(ollama) == ("stopped", 1)
+
+
+def test_an_ollama_load_that_stalls_stays_loading_whatever_its_liveness_probe_says() -> None:
+    """`/` answers 200 whatever the runners do: a probe does not end a load (it does make a launching Ollama whose
+    listen line is not read yet serving). A client that gives up mid-load ends the load with no failure."""
+    now = [100.0]
+    ollama = LogInterpreter(ENGINES["ollama"], wall=lambda: now[0])
+    ollama.process_started(99.0)
+    now[0] += 1
+    ollama.probe_succeeded(at=now[0])
+    assert ollama.snapshot().phase == "serving"
+    ollama.feed(t.ollama_serving().encode())
+    now[0] += 1
+    ollama.feed(t.ollama_load().encode())
+    for _ in range(3):
+        now[0] += 10
+        ollama.probe_succeeded(at=now[0])
+    assert (ollama.snapshot().phase, ollama.snapshot().since) == ("loading_weights", 102.0)
+    cancelled = ('time=2026-11-20T09:15:02.605Z level=INFO source=sched.go:641 msg="Load failed" model=/m '
+                 'error="timed out waiting for llama-server to start: context canceled"\n')
+    ollama.feed(cancelled.encode())
+    assert ollama.snapshot().phase == "serving" and not any(ollama.snapshot().events.values())
 
 
 def test_ollama_polled_pages_are_heartbeats_and_a_generation_is_progress() -> None:
