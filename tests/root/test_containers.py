@@ -129,8 +129,9 @@ def test_docker_json_file_and_local_driver(exporter, tmp_path: Path, stack: cont
                                         driver="local", final="serve", tp=1, port=8000, host="0.0.0.0"))
     e = start(exporter, tmp_path)
     url = f"http://{readable.address}:8000/health"
-    # Its follower's first poll says why (log_up reads 0 before any poll, too).
+    # Its follower's first poll says why (log_up reads 0 before any poll, too); vllm-0's log read to its end.
     scrape = e.wait_for(lambda s: s.value("stallwatch_probe_success", server="vllm-0", url=url) == 1
+                        and s.value("stallwatch_weight_shards_loaded", server="vllm-0") == 30
                         and "not readable outside dockerd" in e.log.read_text() and s, timeout=30)
     assert phase(scrape, "vllm-0") == "serving"
     assert scrape.value("stallwatch_weight_shards_loaded", server="vllm-0") == 30  # its json-file log, decoded
