@@ -8,6 +8,7 @@ import psutil
 import pytest
 
 from stallwatch.discovery.deployment import Member, membership
+from stallwatch.discovery.workload import Workload
 from stallwatch.engines import ENGINES
 from support import transcripts as t
 
@@ -18,6 +19,7 @@ VLLM = ["vllm", "serve", "meta-llama/Llama-3.1-70B-Instruct"]
 
 
 LWS = {"LWS_LEADER_ADDRESS": "kimi-0.kimi.llm", "LWS_GROUP_SIZE": "2", "LWS_WORKER_INDEX": "1"}
+POD = Workload("kubernetes", "llm", "kimi-0-1", "sglang", "c" * 64)  # where the LWS keys are read
 
 
 def _config(port: int, engine: str = "sglang") -> str:
@@ -47,14 +49,14 @@ WORKER_RANKS = [f"sglang::scheduler_TP{rank}" for rank in range(8, 16)]
               "10.99.48.128", "--data-parallel-rpc-port", "13345"], {}, Member("10.99.48.128:13345", "head", 0, 2)),
     ("vllm", [*VLLM, "-dp", "4", "-dpl", "2", "--headless", "--data-parallel-start-rank", "2", "-dpa",
               "10.99.48.128", "-dpp", "13345"], {}, Member("10.99.48.128:13345", "worker", 1, 2)),
-    # Under a LeaderWorkerSet the leader address joins the group, whatever the command line says (KServe resolves
-    # it to an IP before exec: the cmdline and the environment differ).
+    # Under a LeaderWorkerSet (in its pods) the leader address joins the group, whatever the command line says
+    # (KServe resolves it to an IP before exec: the cmdline and the environment differ).
     ("vllm", [*VLLM, "-dp", "2", "-dpl", "1", "--headless", "-dpr", "1", "-dpa", "10.1.2.3"], LWS,
-     Member("kimi-0.kimi.llm", "worker", 1, 2)),
+     Member("kimi-0.kimi.llm@ns/llm", "worker", 1, 2)),
     ("sglang", [*SGLANG, "--nnodes", "2", "--node-rank", "0", "--dist-init-addr", "kimi-0.kimi.llm:20000"],
-     {**LWS, "LWS_WORKER_INDEX": "0"}, Member("kimi-0.kimi.llm", "head", 0, 2)),
+     {**LWS, "LWS_WORKER_INDEX": "0"}, Member("kimi-0.kimi.llm@ns/llm", "head", 0, 2)),
     ("sglang", [*SGLANG, "--nnodes", "2", "--dist-init-addr", "10.1.2.3:20000"], LWS,
-     Member("kimi-0.kimi.llm", "worker", 1, 2)),
+     Member("kimi-0.kimi.llm@ns/llm", "worker", 1, 2)),
     # The environment alone makes no member: vLLM's head with its ranks as Ray actors (lws docs/examples/vllm),
     # whose worker pods run only `ray start --block`; an engine that never spans nodes.
     ("vllm", [*VLLM, "-tp", "8", "-pp", "2", "--distributed-executor-backend", "ray"], LWS, None),
@@ -76,7 +78,7 @@ WORKER_RANKS = [f"sglang::scheduler_TP{rank}" for rank in range(8, 16)]
 def test_membership_from_the_command_line_and_the_lws_environment(
     engine: str, argv: list[str], environ: dict[str, str], expected: Member | None
 ) -> None:
-    assert membership(ENGINES[engine], argv, environ) == expected
+    assert membership(ENGINES[engine], argv, environ, POD if environ else Workload(), 0) == expected
 
 
 def test_a_worker_node_reports_its_deployment_and_the_rank_it_lost(exporter, engine) -> None:
@@ -111,9 +113,10 @@ def test_a_worker_node_reports_its_deployment_and_the_rank_it_lost(exporter, eng
     assert "STALLED: worker node 1 of deployment 198.18.0.2:20000 has 7 of its 8 rank processes left" in page
 
 
-def test_a_headless_vllm_node_under_a_leaderworkerset_is_a_worker_without_a_port(exporter, engine) -> None:
-    """vLLM DP=2 over 2 pods of a LeaderWorkerSet: the worker's cmdline has the resolved IP, its environment the
-    leader's name, which is the key. No API server: its port never listens."""
+def test_a_headless_vllm_node_is_a_worker_without_a_port(exporter, engine) -> None:
+    """vLLM DP=2 over 2 nodes, the worker's cmdline with the resolved IP. No API server: its port never listens.
+    The LWS keys in its environment are not read: a host process's environment is its own user's words (only a
+    pod's are the LeaderWorkerSet's)."""
     sim = engine("vllm", t.vllm_headless_dp(1, "10.1.2.3"), final="serve", tp=1, http="none",
                  children=["VLLM::EngineCore_DP1"],
                  args=("--headless", "-dp", "2", "-dpl", "1", "-dpr", "1", "-dpa", "10.1.2.3", "-dpp", "13345"),
@@ -122,7 +125,7 @@ def test_a_headless_vllm_node_under_a_leaderworkerset_is_a_worker_without_a_port
     scrape = e.wait_for(lambda s: s.value("stallwatch_startup_phase", server="member", phase="serving") == 1 and s,
                         timeout=30, what="the headless node to be ready")
     assert scrape.labelsets("stallwatch_deployment_member_info") == [
-        {"server": "member", "deployment": "llama-0.llama.llm", "role": "worker", "node_rank": "1", "nnodes": "2"}]
+        {"server": "member", "deployment": "10.1.2.3:13345", "role": "worker", "node_rank": "1", "nnodes": "2"}]
     assert scrape.value("stallwatch_deployment_member_ranks", server="member") == 1
     # Its derived probe is refused, as on any closed port, and says nothing: the head's judges.
     assert scrape.value("stallwatch_probe_authoritative", server="member") == 0

@@ -9,6 +9,12 @@ environment alone makes no member: a vLLM head that runs its ranks as Ray actors
 two pods, and its workers run only `ray start`. The environment is another user's input: only the LWS keys (and an
 engine's listen address, `Engine.address_env`) are taken, from a bounded read, each value bounded, the key cut to
 address characters.
+
+Both the command line and the environment are chosen by whoever starts the process, so the key also says who runs
+it (docs/research/audit-2026-12-02.md #1): `@ns/<namespace>` for a container of a Kubernetes pod, `@uid<N>` for any
+other process of a user other than root (`owner_suffix`). Two members join only when that is equal too: another
+user's process that copies a deployment's rendezvous address is a deployment of its own. The LWS keys are read only
+from a pod's container (the webhook sets them there; on the host they are anyone's words).
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from stallwatch.discovery.workload import Workload
 from stallwatch.engines.base import Engine, whole_number
 from stallwatch.procfs import pid_path, read_bounded
 
@@ -65,8 +72,22 @@ def read_environ(procfs: str, pid: int, keys: Sequence[str] = LWS_KEYS) -> dict[
     return found
 
 
-def membership(engine: Engine, argv: Sequence[str], environ: Mapping[str, str]) -> Member | None:
-    """The server's place in a multi-node deployment; None for a server on one node."""
+def owner_suffix(workload: Workload, uid: int | None) -> str | None:
+    """Who runs a member, as its key's tail: the pod's namespace for a Kubernetes container (pods of one deployment
+    share it, and only its own tenant makes pods there; their uid is mostly 0 on every node), else the uid of the
+    main process, empty for root's (root could take any key anyway). None when it cannot be told (the process is
+    gone): no member then. `/` never occurs in a namespace or a uid, so the two kinds cannot meet."""
+    if workload.runtime == "kubernetes" and workload.namespace:
+        return f"@ns/{KEY_OUTSIDE.sub('_', workload.namespace[:MAX_KEY_CHARS])}"
+    if uid is None:
+        return None
+    return "" if uid == 0 else f"@uid{uid}"
+
+
+def membership(engine: Engine, argv: Sequence[str], environ: Mapping[str, str], workload: Workload,
+               uid: int | None) -> Member | None:
+    """The server's place in a multi-node deployment; None for a server on one node. `workload` and `uid` (the real
+    uid of its main process) say who runs it: they end its key, and only a pod's environment is read."""
     spec = engine.multinode
     nnodes = node_rank = None
     headless = False
@@ -80,13 +101,14 @@ def membership(engine: Engine, argv: Sequence[str], environ: Mapping[str, str]) 
             node_rank = (spec.number(argv, spec.dp_start_flags) or 0) // local
         headless = spec.headless(argv)
         key = spec.address(argv)
-    if nnodes is None or not 1 < nnodes <= MAX_NODES:
+    owner = owner_suffix(workload, uid)
+    if nnodes is None or not 1 < nnodes <= MAX_NODES or owner is None:
         return None
-    leader = environ.get("LWS_LEADER_ADDRESS", "")
+    leader = environ.get("LWS_LEADER_ADDRESS", "") if workload.runtime == "kubernetes" and workload.pod else ""
     if leader and (whole_number(environ.get("LWS_GROUP_SIZE")) or 0) > 1:
         key = leader
         index = whole_number(environ.get("LWS_WORKER_INDEX"))
         node_rank = index if node_rank is None else node_rank
     node_rank = node_rank if node_rank is not None and node_rank < nnodes else 0
     role = "worker" if headless or node_rank > 0 else "head"
-    return Member(KEY_OUTSIDE.sub("_", key[:MAX_KEY_CHARS]), role, node_rank, nnodes)
+    return Member(KEY_OUTSIDE.sub("_", key[:MAX_KEY_CHARS]) + owner, role, node_rank, nnodes)

@@ -169,7 +169,8 @@ class Server:
                 flags = self.launch.flags
             environ = read_environ(self._config.paths.procfs, candidate.pid, (*environ_keys(self.engine),
                                                                                   *DYNAMO_KEYS))
-            member = membership(self.engine, flags, environ)
+            uid = owner(candidate.pid)
+            member = membership(self.engine, flags, environ, workload, uid)
             host, port = self.engine.listen_address(flags, environ)
             pd = place(self.engine, flags, environ, self.spec.pd_group, self.engine.model(flags))
             launch = Launch(
@@ -177,7 +178,7 @@ class Server:
                 model=printable(self.engine.model(flags)), tensor_parallel=self.engine.tensor_parallel(flags),
                 probes=self.launch.probes,
                 log_sources=self.launch.log_sources if self.spec.logs else log_sources(
-                    self._config.paths, candidate.pid, workload), member=member, pd=pd, uid=owner(candidate.pid))
+                    self._config.paths, candidate.pid, workload), member=member, pd=pd, uid=uid)
             launch = dataclasses.replace(launch, log_sizes=_sizes(launch.log_sources),
                                          held_logs=HeldLogs(launch.log_sources if self._hold_logs else ()))
             if key == self.launch.key:  # the same process exec'd: its CPU so far stays counted
