@@ -9,7 +9,7 @@ on), and the collector or report that reads it from the runtime.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TypeVar
 
 from prometheus_client import CollectorRegistry
@@ -40,11 +40,12 @@ def build(config: Config, flags: Mapping[str, bool | None]) -> Runtime:
     on = collectors.enabled(config, flags)
     gpu, probe = _section(on, "gpu", GpuSettings), _section(on, "probe", ProbeSettings)
     pages, logs = _section(on, "engine_metrics", EngineMetricsSettings), _section(on, "logs", LogsSettings)
-    watcher = Watcher(config, hold_logs=logs is not None)
+    nvml = Nvml(gpu.sample_interval, gpu.timeout, rootfs=config.paths.rootfs, procfs=config.paths.procfs,
+                asked="gpu" in collectors.asked(config, flags)) if gpu else None
+    watcher = Watcher(config, hold_logs=logs is not None, gpu_pids=_gpu_pids(nvml))
     runtime = Runtime(
         config, watcher,
-        nvml=Nvml(gpu.sample_interval, gpu.timeout, rootfs=config.paths.rootfs, procfs=config.paths.procfs,
-                  asked="gpu" in collectors.asked(config, flags)) if gpu else None,
+        nvml=nvml,
         probes=ProbeManager(config.paths.procfs, probe.enter_netns) if probe else None,
         engine_pages=EnginePageManager(pages.interval, pages.timeout) if pages else None,
         logs=LogManager(watcher, logs.poll_interval) if logs else None,
@@ -64,9 +65,9 @@ def oneshot(config: Config) -> Runtime:
     watcher; the log replay counts the events of the current launch, and the evidence is kept (the reader is the
     node's admin)."""
     config = dataclasses.replace(config, web=dataclasses.replace(config.web, show_evidence=True))
-    watcher = Watcher(config, hold_logs=True)
     pages, gpu = config.collector("engine_metrics", EngineMetricsSettings), config.collector("gpu", GpuSettings)
     nvml = Nvml(gpu.sample_interval, gpu.timeout, rootfs=config.paths.rootfs, procfs=config.paths.procfs)
+    watcher = Watcher(config, hold_logs=True, gpu_pids=_gpu_pids(nvml))
     # The Xids as the exporter has them (audit 2026-12-02 #12): NVML's events in the window, the kernel log's lines
     # from its start.
     return Runtime(
@@ -74,6 +75,11 @@ def oneshot(config: Config) -> Runtime:
         probes=ProbeManager(config.paths.procfs, config.collector("probe", ProbeSettings).enter_netns),
         engine_pages=EnginePageManager(pages.interval, pages.timeout),
         logs=LogManager(watcher, config.collector("logs", LogsSettings).poll_interval, replay_events=True))
+
+
+def _gpu_pids(nvml: Nvml | None) -> Callable[[], Iterable[int]]:
+    """The processes that hold GPU memory in NVML's last readings (no NVML call): whose a configured server is."""
+    return (lambda: nvml.read_devices().holders()) if nvml is not None else tuple
 
 
 def serve(runtime: Runtime, host: str, port: int, telemetry_path: str, web_config: WebConfig | None,

@@ -1,5 +1,5 @@
-"""Discovery against hostile users in real namespaces and cgroups: forged pods, user-namespace addresses and caps on
-the number of servers."""
+"""Discovery against hostile users in real namespaces and cgroups: forged pods, user-namespace addresses, caps on
+the number of servers and copies of a configured server's argv."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 
 from support.cluster import Node, require_nodes
 from support.configs import FAST_REMEMBERING
-from support.harness import NOBODY, Exporter, Scrape, free_port, poll
+from support.harness import NOBODY, Exporter, Scrape, free_port, gpus, poll
 from support.programs import SYSTEM_PYTHON as PYTHON
 from support.programs import posing_as
 from support.sandbox import Cgroup, Netns, require_root
@@ -178,3 +178,48 @@ def test_discovered_servers_are_capped_per_user_and_in_all(tmp_path: Path, share
         e.stop()
     finally:
         node.close()
+
+
+@pytest.mark.root
+def test_a_neighbours_copy_of_a_configured_servers_argv_is_never_its_main_process(exporter, shared_dir: Path) -> None:
+    """Audit 2026-12-02 #5: nobody's copy of the server's argv, started first, was its main process: the server read
+    up while root's was down, and each start of the copy counted a relaunch. The server is the uid whose process
+    holds GPU memory: root's, and root's relaunch, never the copy (never attached, so none of its starts counts)."""
+    require_root()
+    port = free_port()
+    argv = [*sleeper(shared_dir), str(port)]
+    config = ("discovery: {enabled: false, interval: 0.2s}\nlogs: {poll_interval: 0.1s}\n"
+              f"servers:\n  - name: real\n    engine: sglang\n    match: {{cmdline: 'sglang serve --port {port}$'}}\n")
+    started: list[subprocess.Popen[bytes]] = []
+
+    def start(*prefix: str) -> subprocess.Popen[bytes]:
+        started.append(subprocess.Popen([*prefix, *argv], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        return started[-1]
+
+    def main_pid() -> str:
+        page = e.get("/servers/?name=real")[1]
+        return page.split("main pid ", 1)[-1].split(",", 1)[0]
+
+    def stop(process: subprocess.Popen[bytes]) -> None:
+        process.kill()
+        process.wait()
+
+    try:
+        neighbour = start(*NOBODY)
+        poll(lambda: psutil.Process(neighbour.pid).cmdline()[-1:] == [str(port)], what="the copy to run")
+        real = start()
+        e = exporter(config=config, nvml={"driver": "550.54.15",
+                                          "gpus": gpus(1, processes=[{"pid": real.pid, "used": 70e9}])})
+        poll(lambda: main_pid() == str(real.pid), timeout=15, what="root's process to be the server's")
+        stop(real)
+        e.wait_for(lambda s: s.value("stallwatch_server_up", server="real") == 0, timeout=15, what="the server down")
+        for _ in range(2):  # the copy restarted while root's server is down
+            stop(neighbour)
+            neighbour = start(*NOBODY)
+        relaunch = start()
+        poll(lambda: main_pid() == str(relaunch.pid), timeout=15, what="root's relaunch to be the server's")
+        assert e.scrape().value("stallwatch_server_up", server="real") == 1
+        assert f"pid {neighbour.pid}" not in e.get("/servers/?name=real")[1]  # never attached: no launch of its own
+    finally:
+        for process in started:
+            stop(process)

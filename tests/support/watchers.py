@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
 import psutil
 
 from stallwatch.config import Config, Discovery, Paths, ServerSpec
+from stallwatch.discovery import processes
 from stallwatch.discovery.processes import Candidate
 from stallwatch.discovery.watcher import Watcher
 from stallwatch.logs.follow import FileStats
@@ -36,11 +37,14 @@ def candidate(pid: int, argv: tuple[str, ...] = SGLANG) -> Candidate:
 
 
 def watcher(tmp_path: Path, found: list[Candidate], clock: Clock | None = None, hold_logs: bool = False,
+            owners: Mapping[int, int] | None = None, gpu_pids: Callable[[], Iterable[int]] = tuple,
             **config: object) -> Watcher:
-    """A discovering watcher whose scans find `found` and nothing else, with procfs under `tmp_path`."""
+    """A discovering watcher whose scans find `found` and nothing else, with procfs under `tmp_path`; `owners`: the
+    uid of each pid (by default, as read), `gpu_pids`: the processes holding GPU memory (none by default)."""
     base = Config(discovery=Discovery(enabled=True, forget_after=60.0), paths=Paths(procfs=str(tmp_path)))
+    owner = owners.get if owners is not None else processes.owner
     return Watcher(dataclasses.replace(base, **config), clock=clock or Clock(), scan=lambda: list(found),
-                   hold_logs=hold_logs)
+                   hold_logs=hold_logs, owner=owner, gpu_pids=gpu_pids)
 
 
 def watcher_with_logs(tmp_path: Path, count: int) -> tuple[Watcher, list[Path]]:

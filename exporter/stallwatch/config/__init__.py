@@ -33,6 +33,7 @@ from stallwatch.config.values import (
     positive_duration,
     string,
     url,
+    user_id,
 )
 from stallwatch.engines import ENGINES
 from stallwatch.engines.base import EVENTS, PHASES, Rule
@@ -114,6 +115,8 @@ class ServerSpec:
     engine: str
     name: str | None = None  # None: `<engine>-<port>` once the process is found
     cmdline: re.Pattern[str] | None = None  # None: the engine's own matcher
+    # Whose process it may be (`match.user`, a uid); None: the first match's to hold GPU memory (`discovery.watcher`).
+    user: int | None = None
     logs: tuple[str, ...] = ()  # empty: the main process's stdout/stderr files
     probes: tuple[Probe, ...] | None = None  # None: the engine's health URL from --host/--port
     gpus: tuple[int, ...] | None = None  # None: auto, from NVML's process list
@@ -166,11 +169,13 @@ def _server(r: Reader, node: yaml.Node, path: str, defaults: Defaults) -> Server
     if "engine" not in keys:
         raise r.fail(node, f"{path}.engine", "missing; expected one of " + ", ".join(ENGINES))
     engine = r.scalar(keys["engine"], f"{path}.engine", choice(tuple(ENGINES)))
-    cmdline = None
+    cmdline = user = None
     if "match" in keys:
-        match = r.mapping(keys["match"], f"{path}.match", {"cmdline"})
+        match = r.mapping(keys["match"], f"{path}.match", {"cmdline", "user"})
         if "cmdline" in match:
             cmdline = r.scalar(match["cmdline"], f"{path}.match.cmdline", command_regex)
+        if "user" in match:
+            user = r.scalar(match["user"], f"{path}.match.user", user_id)
     if cmdline is None and ENGINES[engine].program is None:
         raise r.fail(node, f"{path}.match.cmdline", f"required for engine {engine!r}")
     probe = Probe(**dataclasses.asdict(defaults.probe))
@@ -183,6 +188,7 @@ def _server(r: Reader, node: yaml.Node, path: str, defaults: Defaults) -> Server
         engine=engine,
         name=r.scalar(keys["name"], f"{path}.name", string) if "name" in keys else None,
         cmdline=cmdline,
+        user=user,
         logs=r.items(keys["logs"], f"{path}.logs", lambda n, p: r.scalar(n, p, log_path)) if "logs" in keys else (),
         probes=r.items(keys["probes"], f"{path}.probes", lambda n, p: r.struct(n, p, probe, required=("url",)))
         if "probes" in keys

@@ -3,6 +3,7 @@ accepts or raises ValueError with what was expected."""
 
 from __future__ import annotations
 
+import pwd
 import re
 from collections.abc import Callable
 from typing import Any
@@ -129,3 +130,19 @@ def gpu_index(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError(f"expected a GPU index (0, 1, ...), got {value!r}")
     return value
+
+
+MAX_UID = 2**32 - 2  # (uid_t)-1 is "no uid"
+
+
+def user_id(value: Any) -> int:
+    """A uid (`0`, `1000`) or a user name of the exporter's own user database (in a container, its image's: give
+    the number there)."""
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_UID:
+        return value
+    if isinstance(value, str) and value and value.isprintable():
+        try:
+            return pwd.getpwnam(value).pw_uid
+        except (KeyError, ValueError):  # unknown, or a NUL
+            pass
+    raise ValueError(f"expected a uid (0 to {MAX_UID}) or a user name known on this system, got {value!r}")

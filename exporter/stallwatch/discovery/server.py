@@ -32,7 +32,6 @@ from stallwatch.discovery.processes import (
     ProcessKey,
     ProcessTable,
     ProcSample,
-    owner,
     sample,
 )
 from stallwatch.discovery.workload import Workload
@@ -152,8 +151,9 @@ class Server:
         launch = self.launch
         return launch.key == ProcessKey(candidate.pid, candidate.create_time) and launch.argv == candidate.argv
 
-    def attach(self, candidate: Candidate, workload: Workload) -> bool:
-        """Follow `candidate` as the main process, read anew when it exec'd; True when anything changed."""
+    def attach(self, candidate: Candidate, workload: Workload, uid: int | None) -> bool:
+        """Follow `candidate` (run by `uid`, its real uid) as the main process, read anew when it exec'd; True when
+        anything changed."""
         key = ProcessKey(candidate.pid, candidate.create_time)
         with self._lock:
             if self.follows(candidate) and self.launch.process is not None:
@@ -169,7 +169,6 @@ class Server:
                 flags = self.launch.flags
             environ = read_environ(self._config.paths.procfs, candidate.pid, (*environ_keys(self.engine),
                                                                                   *DYNAMO_KEYS))
-            uid = owner(candidate.pid)
             member = membership(self.engine, flags, environ, workload, uid)
             host, port = self.engine.listen_address(flags, environ)
             pd = place(self.engine, flags, environ, self.spec.pd_group, self.engine.model(flags))

@@ -54,15 +54,32 @@ def _runs(program: re.Pattern[str]) -> Callable[[Candidate], bool]:
     return lambda candidate: program.match(candidate.invocation) is not None
 
 
+def _holders(gpu_pids: Iterable[int], parents: dict[int, int]) -> set[int]:
+    """The processes holding GPU memory and all their ancestors (by `parents`, pid to parent pid): a server's ranks
+    hold it, their parent is the main process."""
+    out: set[int] = set()
+    for pid in gpu_pids:
+        while pid not in out and pid in parents:
+            out.add(pid)
+            pid = parents[pid]
+        out.add(pid)
+    return out
+
+
 class Watcher:
     def __init__(self, config: Config, clock: Callable[[], float] = time.monotonic,
-                 scan: Callable[[], list[Candidate]] = processes.scan, hold_logs: bool = False) -> None:
+                 scan: Callable[[], list[Candidate]] = processes.scan, hold_logs: bool = False,
+                 owner: Callable[[int], int | None] = processes.owner,
+                 gpu_pids: Callable[[], Iterable[int]] = tuple) -> None:
         """`hold_logs`: a log follower reads the servers' logs, so each found server's log files are held open for
-        it (`Server`)."""
+        it (`Server`). `owner`: the real uid of a process; `gpu_pids`: the processes that hold GPU memory now
+        (NVML's last readings; none without NVML), whose uid is a configured server's owner (`_main_process`)."""
         self.config = config
         self._hold_logs = hold_logs
         self._clock = clock
         self._scan = scan
+        self._owner, self._gpu_pids = owner, gpu_pids
+        self._owners: dict[str, int] = {}  # configured servers without `match.user`: the uid that held GPU memory
         self._gone: dict[str, float] = {}  # discovered servers whose process is gone: since when (clock)
         self._lock = threading.Lock()
         self._servers: dict[str, Server] = {}
@@ -94,6 +111,8 @@ class Watcher:
         candidates = self._scan()
         claimed: set[int] = set()
         changed = False
+        parents = {c.pid: c.ppid for c in candidates}
+        holders: set[int] | None = None  # read at the first configured server that needs it
         for server in self._configured:
             pattern = server.spec.cmdline
             if pattern is not None:
@@ -102,9 +121,12 @@ class Watcher:
                 assert server.engine.program is not None  # config validation guarantees one
                 roots = _roots(candidates, _runs(server.engine.program))
             roots = [c for c in roots if c.pid not in claimed]
-            if roots:
-                claimed.add(roots[0].pid)
-                changed |= self._attach(server, roots[0])
+            if roots and holders is None and server.spec.user is None and server.name not in self._owners:
+                holders = _holders(self._gpu_pids(), parents)
+            main = self._main_process(server, roots, holders or set())
+            if main is not None:
+                claimed.add(main.pid)
+                changed |= self._attach(server, main)
         self._skipping = 0
         if self.config.discovery.enabled:
             # Every engine's matches first: a process in the tree of a watched server, whatever its engine, is part of
@@ -112,7 +134,6 @@ class Watcher:
             found = [(engine, c) for engine in ENGINES.values() if engine.program is not None
                      for c in filter(_runs(engine.program), candidates)]
             watched = claimed | {c.pid for _, c in found}
-            parents = {c.pid: c.ppid for c in candidates}
             for engine, root in found:
                 if root.pid not in claimed and not _inside(root, watched, parents):
                     claimed.add(root.pid)
@@ -144,10 +165,28 @@ class Watcher:
                     log.info("forgot server %s: its process has been gone for %.0fs", name, now - since)
         return dropped
 
+    def _main_process(self, server: Server, roots: list[Candidate], holders: set[int]) -> Candidate | None:
+        """Which of a configured server's matches (oldest first) is its main process: only one of its owner's, the
+        configured `match.user` or else the uid of the first match seen holding GPU memory (kept for good: a copy of
+        its argv that another user starts first, or while it is down, never becomes it, so InferenceServerDown fires
+        and no relaunch is counted for the copy; audit 2026-12-02 #5). Until a match has held GPU memory, the first
+        match is followed. The process followed stays while it lives: an older match never replaces it."""
+        owner = server.spec.user if server.spec.user is not None else self._owners.get(server.name)
+        if owner is None:
+            holder = next((c for c in roots if c.pid in holders), None)
+            uid = self._owner(holder.pid) if holder is not None else None
+            if uid is not None:
+                owner = self._owners[server.name] = uid
+                log.info("server %s is uid %d's: its pid %d holds GPU memory", server.name, uid, holder.pid)
+        if owner is not None:
+            roots = [c for c in roots if self._owner(c.pid) == owner]
+        key = server.launch.key
+        return next((c for c in roots if ProcessKey(c.pid, c.create_time) == key), roots[0] if roots else None)
+
     def _attach(self, server: Server, candidate: Candidate) -> bool:
         if server.follows(candidate):
             return False
-        return server.attach(candidate, locate(self.config.paths, candidate.pid))
+        return server.attach(candidate, locate(self.config.paths, candidate.pid), self._owner(candidate.pid))
 
     def _discovered(self, engine: Engine, root: Candidate) -> bool:
         key = ProcessKey(root.pid, root.create_time)
@@ -157,7 +196,7 @@ class Watcher:
             return self._attach(following, root)  # anew only when it exec'd
         workload = locate(self.config.paths, root.pid)
         with self._lock:
-            uid = processes.owner(root.pid)
+            uid = self._owner(root.pid)
             name = self._name(engine, root, workload, uid)
             server = self._servers.get(name)
             if server is None:
@@ -167,7 +206,7 @@ class Watcher:
                 spec = ServerSpec(engine=engine.name, stall=self.config.defaults.stall)
                 server = self._servers[name] = Server(name, spec, self.config, self._table, hold_logs=self._hold_logs)
                 log.info("discovered %s server %s (pid %d, %s)", engine.name, name, root.pid, workload.runtime)
-        return server.attach(root, workload)
+        return server.attach(root, workload, uid)
 
     def _over_cap(self, root: Candidate, uid: int | None) -> bool:
         """Whether a new discovered server would pass `discovery.max_servers` or, for its user,

@@ -94,6 +94,10 @@ class Devices:
     failed: list[DeviceFailure] = field(default_factory=list)
     broken: list[str] = field(default_factory=list)  # readers that failed other than by NVML's word (a bug)
 
+    def holders(self) -> set[int]:
+        """The processes that hold GPU memory on a device that answered."""
+        return {pid for d in self.devices for pid, held in (d.processes or {}).items() if held > 0}
+
 
 @dataclass
 class BusyIntegrator:

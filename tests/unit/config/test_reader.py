@@ -60,6 +60,10 @@ def _fuzzed(rng: random.Random) -> str:
         ("web:\n  history_interval: 0s\n", 2, "web.history_interval", "expected"),
         ("servers:\n  - engine: sglang\n    pd_group: 'kimi\"} or vector(1)'\n", 3, "servers[0].pd_group",
          "expected a group name"),
+        ("servers:\n  - engine: sglang\n    match: {user: no-such-user-here}\n", 3, "servers[0].match.user",
+         "expected a uid (0 to 4294967294) or a user name known on this system, got 'no-such-user-here'"),
+        ("servers:\n  - engine: sglang\n    match: {user: -1}\n", 3, "servers[0].match.user", "expected a uid"),
+        ("servers:\n  - engine: sglang\n    match: {user: true}\n", 3, "servers[0].match.user", "expected a uid"),
     ],
 )
 def test_bad_config_names_file_line_key_and_reason(text: str, line: int, key: str, reason: str) -> None:
@@ -72,6 +76,13 @@ def test_bad_config_names_file_line_key_and_reason(text: str, line: int, key: st
 def test_a_configured_pd_group_is_kept() -> None:
     assert parse("servers:\n  - {engine: sglang, pd_group: llm/kimi-pd}\n").servers[0].pd_group == "llm/kimi-pd"
     assert parse("servers:\n  - {engine: sglang}\n").servers[0].pd_group is None
+
+
+def test_a_configured_user_is_a_uid() -> None:
+    """`match.user`: a uid or a name of the exporter's user database; without it, the GPU holder's (the watcher)."""
+    users = [parse(f"servers:\n  - {{engine: sglang, match: {{user: {u}}}}}\n").servers[0].user for u in ("root", 1001)]
+    assert users == [0, 1001]
+    assert parse("servers:\n  - {engine: sglang}\n").servers[0].user is None
 
 
 def test_invalid_yaml_names_its_line() -> None:

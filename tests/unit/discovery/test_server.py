@@ -29,7 +29,7 @@ def _attached(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, trees: list[list[
     """A server attached to this test's own process (alive, and no process started), whose successive tree reads
     give `trees` (the last one from then on)."""
     server = _server(tmp_path)
-    assert server.attach(candidate(os.getpid(), SGLANG), Workload())
+    assert server.attach(candidate(os.getpid(), SGLANG), Workload(), os.getuid())
     reads = iter(trees)
     last: list[list[ProcSample]] = [trees[-1]]
 
@@ -100,8 +100,8 @@ def test_a_process_that_retitles_itself_keeps_the_flags_it_was_found_with(tmp_pa
     server = Server("router", ServerSpec(engine="sglang_router"), config)
     flags = ("python3", "-m", "sglang_router.launch_router", "--pd-disaggregation", "--prefill",
              "http://127.0.0.1:30000", "8998", "--decode", "http://127.0.0.1:30001", "--port", "8000")
-    assert server.attach(candidate(os.getpid(), flags), Workload())
-    assert server.attach(candidate(os.getpid(), ("sglang::router", "", "", "")), Workload())
+    assert server.attach(candidate(os.getpid(), flags), Workload(), os.getuid())
+    assert server.attach(candidate(os.getpid(), ("sglang::router", "", "", "")), Workload(), os.getuid())
     launch = server.launch
     assert launch.argv == ("sglang::router", "", "", "") and launch.flags == flags and launch.port == 8000
     assert launch.pd is not None

@@ -11,6 +11,7 @@ import pytest
 
 from stallwatch.config import Discovery, ServerSpec
 from stallwatch.discovery.processes import Candidate
+from stallwatch.discovery.watcher import Watcher
 from support.clock import Clock
 from support.watchers import candidate, watcher
 
@@ -120,3 +121,57 @@ def test_ollamas_address_is_read_from_its_environment(tmp_path: Path) -> None:
     [server] = w.servers()
     assert (server.name, server.launch.port) == ("ollama-8000", 8000)
     assert [t.probe.url for t in server.launch.probes] == ["http://127.0.0.1:8000/"]
+
+
+NEIGHBOUR, REAL, OTHER = 1, os.getppid(), os.getpid()  # live processes, oldest first: pid 1 plays the neighbour's
+REAL_SERVER = ServerSpec(engine="sglang", name="real", cmdline=re.compile(r"sglang\.launch_server"))
+
+
+def _configured(tmp_path: Path, found: list[Candidate], gpu: set[int], **spec: object) -> Watcher:
+    """A watcher of one configured server `real` (no discovery) over `found`, the neighbour's process of uid 1001,
+    the others root's; `gpu`: the pids holding GPU memory, which the test may change between passes."""
+    return watcher(tmp_path, found, owners={NEIGHBOUR: 1001, REAL: 0, OTHER: 0}, gpu_pids=lambda: set(gpu),
+                   servers=(dataclasses.replace(REAL_SERVER, **spec),), discovery=Discovery(enabled=False))
+
+
+def _root(pid: int) -> Candidate:
+    return dataclasses.replace(candidate(pid), ppid=0)  # none the child of another
+
+
+def _main(w: Watcher) -> int | None:
+    w.refresh()
+    [server] = w.servers()
+    return server.launch.pid
+
+
+def test_a_configured_server_is_its_gpu_holders_uids_not_a_neighbours_older_copy(tmp_path: Path) -> None:
+    """Audit 2026-12-02 #5: another user's copy of the server's argv, started first, is followed only until a match
+    holds GPU memory; from then on only that uid's process is the server's, so the copy never comes back while the
+    server is down (InferenceServerDown) nor counts a launch (tests/root/test_discovery.py, with real processes)."""
+    found, gpu = [_root(NEIGHBOUR), _root(REAL)], set()
+    w = _configured(tmp_path, found, gpu)
+    assert _main(w) == NEIGHBOUR  # nothing holds GPU memory yet: the first match
+    gpu.add(REAL)
+    assert _main(w) == REAL
+    gpu.clear()
+    found.remove(found[1])  # the real server's process is no match any more (gone, or relaunching)
+    assert _main(w) == REAL  # not the neighbour's: still the real one's launch, which reads down once it ends
+    found.append(_root(OTHER))  # root's relaunch is accepted
+    assert _main(w) == OTHER
+
+
+@pytest.mark.parametrize(("user", "main"), [(0, REAL), (1001, NEIGHBOUR)])
+def test_a_configured_user_says_whose_process_the_server_is(tmp_path: Path, user: int, main: int) -> None:
+    """`match.user`: from the first pass, whoever holds GPU memory."""
+    w = _configured(tmp_path, [_root(NEIGHBOUR), _root(REAL)], {NEIGHBOUR, REAL}, user=user)
+    assert _main(w) == main
+    assert _main(w) == main
+
+
+def test_the_process_followed_stays_while_it_lives(tmp_path: Path) -> None:
+    """An older match of the same user (a second copy, a tool with the same argv) never replaces the live main."""
+    found = [_root(OTHER)]
+    w = _configured(tmp_path, found, {OTHER})
+    assert _main(w) == OTHER
+    found.insert(0, _root(REAL))
+    assert _main(w) == OTHER

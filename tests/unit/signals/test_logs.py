@@ -197,7 +197,7 @@ def test_lines_written_after_the_server_was_found_count_however_late_its_followe
     watcher = log_watcher({"s": [log]})
     server = watcher.servers()[0]
     m = LogManager(watcher, poll_interval=1.0, wall=_an_hour_on)  # the exporter, started after the process
-    assert server.attach(candidate(os.getpid()), Workload())  # found, with its log this long
+    assert server.attach(candidate(os.getpid()), Workload(), os.getuid())  # found, with its log this long
     before = log.stat().st_size
     append(log, transcripts.real("sglang-crash-while-serving.log").encode())
     m.poll()  # the follower's first open, late
@@ -214,7 +214,7 @@ def test_a_log_as_it_was_when_its_server_was_found_is_old_news(tmp_path: Path) -
     watcher = log_watcher({"s": [log]})
     server = watcher.servers()[0]
     m = LogManager(watcher, poll_interval=1.0, wall=_an_hour_on)
-    assert server.attach(candidate(os.getpid()), Workload())
+    assert server.attach(candidate(os.getpid()), Workload(), os.getuid())
     m.poll()
     snap = server.interpreter.snapshot()
     assert (snap.phase, snap.events["fatal"], stats(m).read_bytes) == ("failed", 0, 0)
