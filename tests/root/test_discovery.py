@@ -152,18 +152,18 @@ def test_a_user_namespace_address_is_never_dialled_from_the_node(exporter, tmp_p
 def test_discovered_servers_are_capped_per_user_and_in_all(tmp_path: Path, shared_dir: Path) -> None:
     """8 sleeping processes of one user with an engine's argv (the 200 of docs/research/audit-2026-12-01.md #3,
     scaled): 5 are watched (its cap), the rest counted skipped and logged once; root's own servers beside them are
-    still found until the cap in all. On a node of its own (support.cluster): the exporter sees no other process of
-    the machine."""
+    still found until the cap in all, and all of them once the user's are gone. On a node of its own
+    (support.cluster): the exporter sees no other process of the machine."""
     require_nodes()
     node = Node(tmp_path, "capped")
     try:
-        config = FAST_REMEMBERING.replace("forget_after: 30s", "forget_after: 30s, max_servers: 7, "
+        config = FAST_REMEMBERING.replace("forget_after: 30s", "forget_after: 10m, max_servers: 7, "
                                           "max_servers_per_user: 5")
         e = Exporter(node.tmp, config=config, listen_host="0.0.0.0", prefix=node.prefix(), url_host=node.address)
         ports, sleeping = list(range(41001, 41012)), sleeper(shared_dir)
-        for i, port in enumerate(ports):
-            subprocess.Popen([*node.prefix(), *(NOBODY if i < 8 else []), *sleeping, str(port)],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        started = [subprocess.Popen([*node.prefix(), *(NOBODY if i < 8 else []), *sleeping, str(port)],
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                   for i, port in enumerate(ports)]
 
         def watched(s: Scrape) -> set[int]:
             return {port for port in ports if s.value("stallwatch_server_up", server=f"sglang-{port}") == 1}
@@ -175,6 +175,13 @@ def test_discovered_servers_are_capped_per_user_and_in_all(tmp_path: Path, share
         log = e.log.read_text()
         assert log.count("discovered servers are the cap (discovery.max_servers_per_user)") == 1, log
         assert log.count("discovered servers are the cap (discovery.max_servers)") == 1, log
+        # The user's servers gone: their slots are free at once, not after forget_after (audit 2026-12-02 #10).
+        for process in started[:8]:  # nsenter forks: its child is the sleeper
+            for child in psutil.Process(process.pid).children(recursive=True):
+                child.kill()
+            process.wait()
+        e.wait_for(lambda s: watched(s) == set(ports[8:]) and s.value("stallwatch_discovery_skipped_processes") == 0,
+                   timeout=20, what="root's third server watched once the user's are gone")
         e.stop()
     finally:
         node.close()

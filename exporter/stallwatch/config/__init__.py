@@ -87,8 +87,9 @@ class Discovery:
     # How long a discovered server whose process is gone stays (server_up 0 can still alert) before its
     # threads and series are dropped; a configured server is never dropped.
     forget_after: float = setting(positive_duration, 3600.0)
-    # Discovered servers watched at once, in all and per user (the uid of the main process): each costs threads, a
-    # tree walk per scrape and socket-table reads, and any user can start processes with an engine's argv.
+    # Discovered servers running and watched at once, in all and per tenant (`per_user`: its pod, container or unit,
+    # a host process's uid; `watcher.tenant`): each costs threads, a tree walk per scrape and socket-table reads, and
+    # any user can start processes with an engine's argv. A gone server holds no slot.
     max_servers: int = setting(count, 64)
     max_servers_per_user: int = setting(count, 32)
 

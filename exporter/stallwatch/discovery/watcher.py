@@ -20,6 +20,7 @@ from stallwatch.discovery.deployment import read_environ
 from stallwatch.discovery.processes import Candidate, ProcessKey, ProcessTable
 from stallwatch.discovery.server import TREE_CACHE_SECONDS, Server
 from stallwatch.discovery.workload import Workload, locate
+from stallwatch.discovery.workload.cgroup import short_id
 from stallwatch.engines import ENGINES
 from stallwatch.engines.base import Engine
 from stallwatch.loops import run_every
@@ -88,7 +89,7 @@ class Watcher:
         self._stop = threading.Event()
         self._next_refresh = 0.0
         self._collisions: set[str] = set()
-        self._capped: set[int | None] = set()  # uids (None: all) whose cap was logged, until they are under it again
+        self._capped: set[str | None] = set()  # tenants (None: all) whose cap was logged, until under it again
         self.skipped = 0  # processes with an engine's command line left unwatched by the caps, in the last pass
         self._skipping = 0  # the same, counted in the pass under way
         for index, spec in enumerate(config.servers):
@@ -200,7 +201,7 @@ class Watcher:
             name = self._name(engine, root, workload, uid)
             server = self._servers.get(name)
             if server is None:
-                if self._over_cap(root, uid):
+                if self._over_cap(root, tenant(workload, uid)):
                     self._skipping += 1
                     return False
                 spec = ServerSpec(engine=engine.name, stall=self.config.defaults.stall)
@@ -208,22 +209,33 @@ class Watcher:
                 log.info("discovered %s server %s (pid %d, %s)", engine.name, name, root.pid, workload.runtime)
         return server.attach(root, workload, uid)
 
-    def _over_cap(self, root: Candidate, uid: int | None) -> bool:
-        """Whether a new discovered server would pass `discovery.max_servers` or, for its user,
-        `max_servers_per_user` (logged once per cap until it is no longer reached)."""
-        discovered = [s for name, s in self._servers.items() if name not in self._configured_names]
-        limits = ((None, len(discovered), self.config.discovery.max_servers),
-                  (uid, sum(1 for s in discovered if s.launch.uid == uid), self.config.discovery.max_servers_per_user))
+    def _over_cap(self, root: Candidate, owner: str) -> bool:
+        """Whether a new discovered server would pass `discovery.max_servers` or, for its tenant (`tenant`),
+        `max_servers_per_user` (logged once per cap until it is no longer reached). Only running servers count: a
+        gone one keeps its name and series until forgotten, but not its slot (audit 2026-12-02 #10); when the
+        entries reach `max_servers`, the one gone longest is forgotten now to make room."""
+        discovered = {name: s for name, s in self._servers.items() if name not in self._configured_names}
+        running = [s for s in discovered.values() if s.is_running()]
+        limits = ((None, len(running), self.config.discovery.max_servers),
+                  (owner, sum(1 for s in running if tenant(s.launch.workload, s.launch.uid) == owner),
+                   self.config.discovery.max_servers_per_user))
         for who, watched, limit in limits:
             if watched < limit:
                 self._capped.discard(who)
                 continue
             if who not in self._capped:
                 self._capped.add(who)
-                log.warning("not watching pid %d and later processes %s: %d discovered servers are the cap "
-                            "(discovery.%s)", root.pid, "in all" if who is None else f"of uid {who}", limit,
+                log.warning("not watching pid %d and later processes %s: %d running discovered servers are the cap "
+                            "(discovery.%s)", root.pid, "in all" if who is None else f"of {who}", limit,
                             "max_servers" if who is None else "max_servers_per_user")
             return True
+        if len(discovered) >= self.config.discovery.max_servers:
+            now = self._clock()
+            gone = [name for name, s in discovered.items() if not s.is_running()]
+            oldest = min(gone, key=lambda name: self._gone.get(name, now))
+            del self._servers[oldest]
+            self._gone.pop(oldest, None)
+            log.info("forgot server %s: its process is gone and a new server needs its slot", oldest)
         return False
 
     def _name(self, engine: Engine, root: Candidate, workload: Workload, uid: int | None) -> str:
@@ -275,6 +287,20 @@ class Watcher:
         if self._clock() >= self._next_refresh:
             self._next_refresh = self._clock() + self.config.discovery.interval
             self.refresh()
+
+
+def tenant(workload: Workload, uid: int | None) -> str:
+    """Whose a discovered server is, for its share of the caps: its pod, container or unit, and only for a host
+    process its uid (every root container runs as uid 0 on the host: one tenant's would fill root's share)."""
+    if workload.runtime == "kubernetes":
+        if workload.pod:
+            return f"pod {workload.namespace}/{workload.pod}"
+        return f"container {short_id(workload.container_id)}"
+    if workload.runtime == "docker":
+        return f"container {short_id(workload.container_id)}"
+    if workload.runtime == "systemd" and workload.unit:
+        return f"unit {workload.unit}"
+    return f"uid {uid}"
 
 
 def _default_name(spec: ServerSpec, index: int) -> str:

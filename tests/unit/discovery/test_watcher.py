@@ -175,3 +175,39 @@ def test_the_process_followed_stays_while_it_lives(tmp_path: Path) -> None:
     assert _main(w) == OTHER
     found.insert(0, _root(REAL))
     assert _main(w) == OTHER
+
+
+def _port(port: int) -> tuple[str, ...]:
+    return ("python3", "-m", "sglang.launch_server", "--model-path", "m", "--port", str(port))
+
+
+def _unit(tmp_path: Path, pid: int, unit: str) -> None:
+    """Process `pid` in systemd unit `unit`, as its cgroup file under the test's procfs says."""
+    (tmp_path / str(pid)).mkdir(exist_ok=True)
+    (tmp_path / str(pid) / "cgroup").write_text(f"0::/system.slice/{unit}\n")
+
+
+def test_the_per_owner_cap_counts_per_workload_and_a_host_process_per_uid(tmp_path: Path) -> None:
+    """Audit 2026-12-02 #10: the cap per uid made every root container and unit one tenant. A unit's server is its
+    unit's, beside a host process of root's that fills root's share; two host processes of root's share one."""
+    found = [candidate(os.getppid(), _port(30001)), candidate(os.getpid(), _port(30002))]
+    _unit(tmp_path, os.getpid(), "sglang-real.service")
+    w = watcher(tmp_path, found, discovery=Discovery(enabled=True, max_servers_per_user=1))
+    w.refresh()
+    assert sorted(s.name for s in w.servers()) == ["sglang-30001", "sglang-real.service"] and w.skipped == 0
+    w = watcher(tmp_path / "none", found, discovery=Discovery(enabled=True, max_servers_per_user=1))
+    w.refresh()
+    assert [s.name for s in w.servers()] == ["sglang-30001"] and w.skipped == 1
+
+
+def test_a_gone_servers_slot_is_free(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Audit 2026-12-02 #10: gone servers kept their slots for `forget_after`. Only running servers count, and the
+    one gone longest is forgotten when a new server needs its entry."""
+    found = [candidate(os.getppid(), _port(30001))]
+    w = watcher(tmp_path, found, discovery=Discovery(enabled=True, max_servers=1, forget_after=3600.0))
+    w.refresh()
+    [gone] = w.servers()
+    monkeypatch.setattr(gone, "is_running", lambda: False)  # its process ended
+    found[:] = [candidate(os.getpid(), _port(30002))]
+    w.refresh()
+    assert [s.name for s in w.servers()] == ["sglang-30002"] and w.skipped == 0
