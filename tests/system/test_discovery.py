@@ -308,7 +308,8 @@ def test_a_discovered_process_never_becomes_a_configured_server(exporter, engine
 
 def test_a_gone_servers_name_is_not_taken_by_another_users_process(exporter, engine, shared_dir: Path) -> None:
     """A discovered host server is gone (a crash before its restart); another user's process with the same port in
-    its argv comes first: it is `<name>-2`, and the real server, relaunched by its own user, gets its name back."""
+    its argv comes first: it is `<name>@uid65534`, and the real server, relaunched by its own user, gets its name
+    back."""
     e = exporter(config=FAST_REMEMBERING)
     first = engine("llamacpp", t.llamacpp_healthy(), final="stall", tp=1)
     name = first.name
@@ -317,14 +318,38 @@ def test_a_gone_servers_name_is_not_taken_by_another_users_process(exporter, eng
     e.wait_for(lambda s: s.value("stallwatch_server_up", server=name) == 0, what="it to go down")
     other = Engine(shared_dir, "llamacpp", t.llamacpp_healthy(), final="stall", tp=1, port=first.port, prefix=NOBODY)
     try:
-        scrape = e.wait_for(lambda s: s.value("stallwatch_server_up", server=f"{name}-2") == 1 and s, timeout=15,
-                            what="the other user's process, under a name of its own")
+        scrape = e.wait_for(lambda s: s.value("stallwatch_server_up", server=f"{name}@uid65534") == 1 and s,
+                            timeout=15, what="the other user's process, under a name of its own")
         assert scrape.value("stallwatch_server_up", server=name) == 0
         engine("llamacpp", t.llamacpp_healthy(), final="stall", tp=1, port=first.port, log_name="relaunch.log")
         e.wait_for(lambda s: s.value("stallwatch_server_up", server=name) == 1, timeout=15,
                    what="the relaunch under its own name")
     finally:
         other.stop()
+
+
+def test_another_users_process_that_starts_first_holds_the_name_only_until_roots_server(exporter, engine,
+                                                                                        shared_dir: Path) -> None:
+    """Audit 2026-12-02 #11: another user's process on the port started first, and root's real server was `<name>-2`
+    for good, the squatter's gone entry `server_up 0` under the expected name. Root's takes the plain name, the
+    other is `<name>@uid65534`, and its end changes nothing of root's."""
+    e = exporter(config=FAST_REMEMBERING)
+    port = free_port()
+    other = Engine(shared_dir, "llamacpp", t.llamacpp_healthy(), final="stall", tp=1, port=port, prefix=NOBODY)
+    try:
+        name = other.name
+        e.wait_for(lambda s: s.value("stallwatch_server_up", server=name) == 1, what="the other user's process")
+        real = engine("llamacpp", t.llamacpp_healthy(), final="stall", tp=1, port=port, log_name="real.log")
+        scrape = e.wait_for(lambda s: s.value("stallwatch_server_up", server=f"{name}@uid65534") == 1 and s,
+                            timeout=15, what="root's server under the plain name, the other's renamed")
+        assert scrape.value("stallwatch_server_up", server=name) == 1
+        assert scrape.value("stallwatch_server_up", server=f"{name}-2") is None
+    finally:
+        other.stop()
+    scrape = e.wait_for(lambda s: s.value("stallwatch_server_up", server=f"{name}@uid65534") == 0 and s,
+                        what="the other user's process gone")
+    assert scrape.value("stallwatch_server_up", server=name) == 1
+    assert real.proc.poll() is None
 
 
 def test_a_main_process_that_execs_is_read_anew(exporter, engine, tmp_path: Path) -> None:

@@ -247,6 +247,8 @@ class Watcher:
         # A server without a port (a Dynamo worker without DYN_SYSTEM_PORT, an Xinference model process) by its model.
         tail = port if port is not None else engine.model(root.argv).rstrip("/").rsplit("/", 1)[-1] or "none"
         name = printable(workload.name or f"{engine.name}-{tail}")
+        if workload.name is None:
+            name = self._host_name(name, root, uid)
         if self._taken(name, workload, uid) and workload.pod:
             name = f"{name}/{workload.container}"  # a second server in one pod
         base, suffix = name, 1
@@ -257,6 +259,24 @@ class Watcher:
             self._collisions.add(base)
             log.warning("two servers would be named %s; the later one (pid %d) is %s", base, root.pid, name)
         return name
+
+    def _host_name(self, name: str, root: Candidate, uid: int | None) -> str:
+        """A host process's name where users collide on `<engine>-<port>` (audit 2026-12-02 #11): the plain name
+        is root's, and another user's process is `<name>@uid<N>` beside a server of another uid's. So a neighbour
+        that starts first holds the plain name only until root's server comes: its entry, running or gone, is
+        forgotten then (a running one is found again as `@uid<N>` at the next pass), never the other way round: a
+        neighbour's copy never takes over a gone root server's name (its InferenceServerDown)."""
+        holder = self._servers.get(name)
+        if holder is None or name in self._configured_names or holder.launch.key is None \
+                or holder.launch.workload.runtime != "host" or uid is None or holder.launch.uid == uid:
+            return name
+        if uid == 0:
+            del self._servers[name]
+            self._gone.pop(name, None)
+            log.warning("server %s is root's pid %d: the process of uid %s that held the name is renamed",
+                        name, root.pid, holder.launch.uid)
+            return name
+        return f"{name}@uid{uid}"
 
     def _taken(self, name: str, workload: Workload, uid: int | None) -> bool:
         """Whether `name` belongs to another server: a configured one (never handed to a discovered process, which

@@ -211,3 +211,47 @@ def test_a_gone_servers_slot_is_free(tmp_path: Path, monkeypatch: pytest.MonkeyP
     found[:] = [candidate(os.getpid(), _port(30002))]
     w.refresh()
     assert [s.name for s in w.servers()] == ["sglang-30002"] and w.skipped == 0
+
+
+SQUATTER, ROOTS = os.getppid(), os.getpid()  # the neighbour's process starts first
+
+
+def _names(w: Watcher) -> dict[str, int | None]:
+    w.refresh()
+    return {s.name: s.launch.pid for s in w.servers()}
+
+
+def test_a_neighbour_that_starts_first_holds_a_host_servers_name_only_until_roots_comes(tmp_path: Path) -> None:
+    """Audit 2026-12-02 #11: another user's process on the port took `sglang-30500` and root's real server was
+    `sglang-30500-2` for good. The plain name is root's; the neighbour's is `@uid1001` from then on."""
+    found = [_root(SQUATTER)]
+    w = watcher(tmp_path, found, owners={SQUATTER: 1001, ROOTS: 0})
+    assert _names(w) == {"sglang-30000": SQUATTER}  # alone: the plain name
+    found.append(_root(ROOTS))
+    assert _names(w) == {"sglang-30000": ROOTS}
+    assert _names(w) == {"sglang-30000": ROOTS, "sglang-30000@uid1001": SQUATTER}
+    assert _names(w) == {"sglang-30000": ROOTS, "sglang-30000@uid1001": SQUATTER}
+
+
+def test_a_gone_neighbours_entry_leaves_the_name_to_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The squatter killed before root's server starts: its gone entry (server_up 0, InferenceServerDown) no longer
+    sits on the name operators expect."""
+    found = [_root(SQUATTER)]
+    w = watcher(tmp_path, found, owners={SQUATTER: 1001, ROOTS: 0})
+    w.refresh()
+    [squatter] = w.servers()
+    monkeypatch.setattr(squatter, "is_running", lambda: False)
+    found[:] = [_root(ROOTS)]
+    assert _names(w) == {"sglang-30000": ROOTS}
+
+
+def test_a_copy_never_takes_a_gone_root_servers_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Root's server down: its entry stays under its name (InferenceServerDown), the copy is `@uid1001`."""
+    found = [_root(ROOTS)]
+    w = watcher(tmp_path, found, owners={SQUATTER: 1001, ROOTS: 0})
+    w.refresh()
+    [real] = w.servers()
+    monkeypatch.setattr(real, "is_running", lambda: False)
+    found[:] = [_root(SQUATTER)]
+    assert _names(w) == {"sglang-30000": ROOTS, "sglang-30000@uid1001": SQUATTER}
+    assert w.servers()[0] is real
