@@ -8,7 +8,7 @@ from pathlib import Path
 
 from support import transcripts as t
 from support.configs import FAST_REMEMBERING
-from support.harness import Scrape, poll
+from support.harness import Scrape, diagnose, poll
 
 MODELS = [t.OLLAMA_BLOB[:-4] + suffix for suffix in ("aaa1", "bbb2", "ccc3")]
 
@@ -86,7 +86,8 @@ def test_a_load_that_times_out_is_a_fatal_event_of_a_server_that_keeps_serving(e
 
 def test_the_loaded_models_and_their_gpu_memory_are_read_from_api_ps(exporter, ollama, tmp_path: Path) -> None:
     """`/api/ps` while two models are loaded: a series each with the bytes it holds; the last one unloaded, its
-    series is gone and the other's stays (fetched with the engine pages, at the probe's address)."""
+    series is gone and the other's stays (fetched with the engine pages, at the probe's address); `diagnose`
+    lists them."""
     gate = tmp_path / "unload"
     e = exporter(config=FAST_REMEMBERING + "engine_metrics: {interval: 0.2s, timeout: 1s}\n")
     steps = [["log", t.ollama_serving()], ["serve"],
@@ -101,5 +102,9 @@ def test_the_loaded_models_and_their_gpu_memory_are_read_from_api_ps(exporter, o
 
     e.wait_for(lambda s: loaded(s) == {"llama3.2:latest": 3155590144.0, "qwen3:32b": 20971520000.0}, timeout=20,
                what="both models with their GPU memory")
+    # `diagnose` reads the page too (issue 28: the loaded models where the verdict is read).
+    report = diagnose(tmp_path, sim.name, config=None)
+    assert ('models loaded (the engine\'s own list): "llama3.2:latest" 3.2 GB of GPU memory, "qwen3:32b" 21.0 GB of '
+            'GPU memory') in report.stdout, report.stdout + report.stderr
     gate.touch()
     e.wait_for(lambda s: loaded(s) == {"llama3.2:latest": 3155590144.0}, timeout=20, what="the unloaded one gone")

@@ -92,7 +92,7 @@ class StatusPages:
             port=port_info(look.launch, self._probes(look.name)),
             engine=engine_info((source, figures), made_in_window(start.tokens if start is not None else None,
                                                                  (source, figures)),
-                               page.error if page is not None else ""),
+                               page.error if page is not None else "", page.models if page is not None else None),
             gpu=gpu_section(look, runtime),
             log_lines=server.tail.lines() if self.evidence and server.tail is not None else [],
             pd=pd_info(look, page, *self._group(look)),

@@ -159,6 +159,9 @@ class EngineInfo:
     tokens: float | None
     tokens_in_window: float | None  # generated during the sample window; None when not measured
     error: str
+    # Bytes of GPU memory by model the engine has loaded, from its own page (Ollama's `/api/ps`); None: no such page
+    # or it did not answer.
+    models: dict[str, float] | None = None
 
 
 @dataclass(frozen=True)

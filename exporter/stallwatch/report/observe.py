@@ -193,10 +193,11 @@ def made_in_window(then: tuple[str, float] | None, now: tuple[str, Figures | Non
     return figures.tokens - then[1]
 
 
-def engine_info(figures: tuple[str, Figures | None], made: float | None, error: str) -> EngineInfo:
+def engine_info(figures: tuple[str, Figures | None], made: float | None, error: str,
+                models: dict[str, float] | None = None) -> EngineInfo:
     """The engine's figures (`signals.engine_page.figures_of`), the tokens `made` over the window where measured,
-    and why its page did not answer."""
+    why its page did not answer, and the models it has loaded (`signals.loaded_models`)."""
     source, found = figures
     if found is None:
-        return EngineInfo("", None, None, None, None, error)
-    return EngineInfo(source, found.running, found.waiting, found.tokens, made, error)
+        return EngineInfo("", None, None, None, None, error, models)
+    return EngineInfo(source, found.running, found.waiting, found.tokens, made, error, models)

@@ -42,6 +42,7 @@ from stallwatch.report.render import parse_json
 from stallwatch.report.stacks import stacks
 from stallwatch.runtime import Runtime, required
 from stallwatch.signals.engine_page import PageState, figures_of
+from stallwatch.signals.loaded_models import read_models
 from stallwatch.signals.pd_groups import group_keys, node_name
 from stallwatch.signals.probes import fetch
 from stallwatch.signals.router_page import read_router
@@ -138,7 +139,8 @@ def _page(server: Server, runtime: Runtime, deadline: Deadline) -> PageState:
     page = required(runtime.engine_pages, "engine_metrics").read_now(server, deadline.left())
     figures = Figures(*page.figures, at=time.time()) if page.figures is not None else None
     router = read_router(server, deadline.left()) if server.engine.router is not None else None
-    return PageState(server.name, page.up, page.loop_up, figures, error=page.error,
+    models, _ = read_models(server, deadline.left())
+    return PageState(server.name, page.up, page.loop_up, figures, error=page.error, models=models,
                      pending=page.pd.pending if page.pd is not None else None,
                      transfers=page.pd.transfers if page.pd is not None else None, router=router)
 
@@ -176,5 +178,5 @@ def _observe(server: Server, runtime: Runtime, before: _Before, window: float,
     fresh = figures is not None and then is not None and figures.at > then.at
     made = made_in_window((then_source, then.tokens) if fresh and then is not None else None, (source, figures))
     return look, Observation(window, processes, groups, port_info(look.launch, probes),
-                             engine_info((source, figures), made, error), gpu_section(look, runtime),
+                             engine_info((source, figures), made, error, read.models), gpu_section(look, runtime),
                              server.tail.lines() if server.tail else [], pd_info(look, read, *pd))

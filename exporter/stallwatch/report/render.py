@@ -186,11 +186,18 @@ def _port_text(port: PortInfo, probed: str) -> str:
 
 def _engine_text(e: EngineInfo) -> str:
     if not e.source:
-        return "engine figures: none (no /metrics page answered, no stats line seen)" + (
+        text = "engine figures: none (no /metrics page answered, no stats line seen)" + (
             f": {e.error}" if e.error else "")
-    made = "not measured" if e.tokens_in_window is None else f"{e.tokens_in_window:.0f}"
-    return (f"engine figures (from its {e.source}): running {e.running:.0f}, waiting {e.waiting:.0f}, "
-            f"tokens {e.tokens:.0f} (in the window: {made})" + (f"; its /metrics page: {e.error}" if e.error else ""))
+    else:
+        made = "not measured" if e.tokens_in_window is None else f"{e.tokens_in_window:.0f}"
+        text = (f"engine figures (from its {e.source}): running {e.running:.0f}, waiting {e.waiting:.0f}, "
+                f"tokens {e.tokens:.0f} (in the window: {made})" + (f"; its /metrics page: {e.error}" if e.error
+                                                                      else ""))
+    if e.models is not None:
+        loaded = ", ".join(f"{json.dumps(name, ensure_ascii=False)} {size / 1e9:.1f} GB of GPU memory"
+                           for name, size in sorted(e.models.items())) or "none"
+        text += f"\nmodels loaded (the engine's own list): {loaded}"
+    return text
 
 
 def _log_text(log: LogInfo, evidence: bool) -> str:

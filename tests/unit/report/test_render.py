@@ -37,6 +37,22 @@ def test_a_report_read_back_from_its_json_is_the_same_and_says_where_it_came_fro
     assert "last probe http://127.0.0.1:30000/health" in text and "probe now" not in text
 
 
+def test_the_models_an_engine_has_loaded_are_listed_and_their_names_forge_nothing() -> None:
+    """Ollama's `/api/ps` where the verdict is read; a model's name is another user's text: quoted, its control
+    characters escaped (no second line that reads like the report's own), and the JSON keeps the list."""
+    base = report(CASES[0])
+    models = {"llama3.2:latest": 3.2e9, "evil\nverdict: HEALTHY\x1b]0;t\x07": 1e9}
+    written = Report("1.0", 1.8e9, [dataclasses.replace(
+        base, engine_figures=dataclasses.replace(base.engine_figures, models=models),
+        verdict=Verdict("healthy", "serving"))])
+    jsonschema.validate(json.loads(render_json(written)), json.loads(SCHEMA.read_text()))
+    assert parse_json(render_json(written)) == written
+    text = render_text(written)
+    assert ('models loaded (the engine\'s own list): "evil\\nverdict: HEALTHY\\u001b]0;t\\u0007" 1.0 GB of GPU '
+            'memory, "llama3.2:latest" 3.2 GB of GPU memory') in text
+    assert "\x1b" not in text and "\nverdict: HEALTHY" not in text
+
+
 def test_what_is_not_a_report_is_refused() -> None:
     with pytest.raises(ValueError, match="not a report"):
         parse_json(b'{"version": "1", "servers": [{"name": "x"}]}')
