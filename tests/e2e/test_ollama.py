@@ -1,15 +1,17 @@
-"""End to end through real Prometheus and Alertmanager: Ollama loading and unloading models raises no alert, and an
-Ollama that holds a loaded model on an idle GPU without traffic does not page (issue 28 item 1)."""
+"""End to end through real Prometheus and Alertmanager: Ollama loading and unloading models raises no alert, an
+Ollama that holds a loaded model on an idle GPU without traffic does not page, and a load that stalls with its runner
+holding GPU memory does (issue 28 item 1)."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
 
 from support import transcripts as t
-from support.harness import gpus, poll
+from support.harness import Exporter, gpus, poll
 from support.stack import Daemon, Webhook, alertmanager, prometheus, rule_seconds
 
 EXPORTER_CONFIG = ("discovery: {enabled: true, interval: 1s, forget_after: 1h}\n"
@@ -23,18 +25,24 @@ def _load(blob: str) -> list[list[object]]:
     return [["load", blob], ["log", t.ollama_load(blob)], ["ready"], ["log", t.ollama_loaded()]]
 
 
-def test_ten_load_and_unload_cycles_and_a_loaded_idle_model_raise_no_alert(
-    exporter, ollama, daemons: list[Daemon], tmp_path: Path
-) -> None:
-    """Ten cycles of three models loaded for a second and unloaded (a keep-alive, scaled), then one model left
-    loaded, holding 40 GB of an idle GPU with no request (only the probe's heartbeats in the log) for longer than
-    InferenceServerDown's `for`, log_stale and the idle window together: no alert about Ollama or any runner fires."""
+def _stack(exporter, daemons: list[Daemon], tmp_path: Path) -> tuple[Webhook, list[dict], Exporter, Callable]:
+    """Alertmanager with a webhook, the exporter over one idle GPU, and Prometheus scraping it: scraped once."""
     hook = Webhook()
     am_port = alertmanager(daemons, tmp_path, hook)
     nvml = gpus(1, used=1e9, util=0, power=60, power_limit=700, recovery_action=0, ecc_uncorrected=0)
     e = exporter(nvml={"gpus": nvml}, config=EXPORTER_CONFIG)
     query = prometheus(daemons, tmp_path, am_port, [f"127.0.0.1:{e.port}"])
     poll(lambda: query('up{job="stallwatch"} == 1'), timeout=30, what="the first scrape")
+    return hook, nvml, e, query
+
+
+def test_ten_load_and_unload_cycles_and_a_loaded_idle_model_raise_no_alert(
+    exporter, ollama, daemons: list[Daemon], tmp_path: Path
+) -> None:
+    """Ten cycles of three models loaded for a second and unloaded (a keep-alive, scaled), then one model left
+    loaded, holding 40 GB of an idle GPU with no request (only the probe's heartbeats in the log) for longer than
+    InferenceServerDown's `for`, log_stale and the idle window together: no alert about Ollama or any runner fires."""
+    hook, nvml, e, query = _stack(exporter, daemons, tmp_path)
 
     cycle = [*(step for blob in MODELS for step in _load(blob)), ["sleep", 1.0], *[["unload"]] * len(MODELS)]
     sim = ollama([["log", t.ollama_serving()], ["serve"], *cycle * 10, *_load(MODELS[0])], t.llamacpp_healthy())
@@ -60,12 +68,7 @@ def test_a_model_load_that_stalls_with_its_runner_holding_gpu_memory_pages(
     started in`, no `Load failed`: `OLLAMA_LOAD_TIMEOUT` raised), the log quiet but for the probe's heartbeats, `/`
     answering 200 throughout: InferenceServerLoadedButIdle pages, in phase loading_weights, once log_stale and the
     idle window have passed (issue 28 item 1)."""
-    hook = Webhook()
-    am_port = alertmanager(daemons, tmp_path, hook)
-    nvml = gpus(1, used=1e9, util=0, power=60, power_limit=700, recovery_action=0, ecc_uncorrected=0)
-    e = exporter(nvml={"gpus": nvml}, config=EXPORTER_CONFIG)
-    query = prometheus(daemons, tmp_path, am_port, [f"127.0.0.1:{e.port}"])
-    poll(lambda: query('up{job="stallwatch"} == 1'), timeout=30, what="the first scrape")
+    hook, nvml, e, query = _stack(exporter, daemons, tmp_path)
 
     # The runner stops in its tensors' load (its /health 503 `Loading model`): its lines are the log's last.
     until_tensors = "".join(t.llamacpp_healthy().splitlines(keepends=True)[:6])
