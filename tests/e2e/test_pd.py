@@ -6,6 +6,7 @@ members, before the engines' own 300 s abort; a decode whose prefill died pages 
 from __future__ import annotations
 
 import contextlib
+import signal
 import time
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from support import transcripts as t
 from support.cluster import Cluster, ns_pid, require_nodes
 from support.dashboard import PD_ROW
 from support.dashboard import queries as dashboard_queries
-from support.harness import poll
+from support.harness import Engine, poll
 from support.stack import PIPELINE, rule_seconds
 
 # Idle, as the real engines are without traffic: nothing pending, the transfer counter where it stopped.
@@ -33,9 +34,7 @@ class Group:
     def __init__(self, cluster: Cluster, prefills: tuple[int, ...] = (PREFILL,)) -> None:
         self.cluster = cluster
         pd = ("--host", "127.0.0.1", "--enable-metrics")
-        self.prefills = [cluster.engine(0, "sglang", t.sglang_pd_bootstrap(tp=1), final="serve", tp=1, port=port,
-                                        args=(*pd, "--disaggregation-mode", "prefill"), work=dict(IDLE),
-                                        live_work=True) for port in prefills]
+        self.prefills = [self.start_prefill(port) for port in prefills]
         self.prefill = self.prefills[0]
         self.decode = cluster.engine(0, "sglang", t.sglang_healthy(tp=1), final="serve", tp=1, port=DECODE,
                                      args=(*pd, "--disaggregation-mode", "decode"), work=dict(IDLE), live_work=True)
@@ -44,7 +43,7 @@ class Group:
         self.router = cluster.engine(0, "sglang_router", t.sglang_router_start(
             [(url, 8998) for url in urls], [f"http://127.0.0.1:{DECODE}"], 8000), final="serve", port=8000,
             args=(*listed, "--decode", f"http://127.0.0.1:{DECODE}"), work={"running": 0}, live_work=True)
-        self._hold(len(prefills) + 1)
+        self.hold_gpus(len(prefills) + 1)
         count = len(prefills) + 2
         # Each member's group once the router's page is read (an empty `pd_group` before: Prometheus drops the label).
         members = poll(lambda: (found := cluster.query('stallwatch_pd_member_info{pd_group!=""}'))
@@ -59,12 +58,19 @@ class Group:
         poll(lambda: [w["value"][1] for w in cluster.query("stallwatch_router_worker_up")] == ["1"] * (count - 1),
              timeout=30, what="the router's view of its workers")
 
+    def start_prefill(self, port: int) -> Engine:
+        """A prefill server on `port`, idle once serving, that drains and exits on SIGTERM."""
+        return self.cluster.engine(0, "sglang", t.sglang_pd_bootstrap(tp=1), final="serve", tp=1, port=port,
+                                   args=("--host", "127.0.0.1", "--enable-metrics", "--disaggregation-mode",
+                                         "prefill"), work=dict(IDLE), live_work=True,
+                                   on_sigterm=t.sglang_sigterm_stop())
+
     @property
     def router_name(self) -> str:
         found = self.cluster.query('stallwatch_pd_member_info{pd_role="router"}')
         return found[0]["metric"]["server"] if found else ""
 
-    def _hold(self, servers: int) -> None:
+    def hold_gpus(self, servers: int) -> None:
         """Each server's scheduler (`sglang::scheduler` all, at TP 1) holds 75 GB on a GPU of its own."""
         node = self.cluster.nodes[0]
 
@@ -185,3 +191,30 @@ def test_a_2p1d_group_is_silent_idle_and_while_its_decode_waits_on_a_long_prefil
         group.decode.update_work(running=0, throughput=0.0, transfers_rate=0.0)
         group.router.update_work(running=0)
         group.quiet("3m")
+
+
+@pytest.mark.root
+@pytest.mark.e2e
+def test_a_rollout_of_one_prefill_raises_nothing(tmp_path: Path, daemons: list) -> None:
+    """A 2P1D group, idle; then its second prefill is rolled: SIGTERM (it drains and exits, as in a rolling update),
+    a new one on its port a few seconds later that loads, warms up and serves, its scheduler on the GPU the old one
+    held. The group is one prefill short meanwhile, never without its role: nothing fires, before, during or for
+    10 scaled minutes after (issue 29: a rollout of one side raises nothing that pages)."""
+    require_nodes()
+    with contextlib.ExitStack() as stack:
+        cluster = Cluster(stack, tmp_path, daemons, 1)
+        group = Group(cluster, (PREFILL, PREFILL_2))
+        group.quiet("5m")
+        old = group.prefills[1]
+        # SIGTERM to the server, not to the `nsenter` that forked it into the node; it exits with it.
+        psutil.Process(old.proc.pid).children()[0].send_signal(signal.SIGTERM)
+        old.proc.wait(30)
+        cluster.gpus[0][1]["processes"] = []  # its memory freed with it
+        cluster.exporters[0].nvml.update(gpus=cluster.gpus[0])
+        poll(lambda: cluster.query(f'stallwatch_startup_phase{{server="{old.name}",phase="stopped"}} == 1'),
+             timeout=30, what="the old prefill stopped")
+        group.prefills[1] = group.start_prefill(PREFILL_2)
+        group.hold_gpus(3)
+        poll(lambda: len(cluster.query('stallwatch_startup_phase{phase="serving"} == 1')) == 4, timeout=60,
+             what="the new prefill serving beside the group")
+        group.quiet("10m")

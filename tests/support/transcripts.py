@@ -657,6 +657,13 @@ def sglang_pd_bootstrap(tp: int = 1) -> str:
                 f"[{SG_DAY} 10:02:00] The server is fired up and ready to roll!", 1))
 
 
+def sglang_sigterm_stop() -> str:
+    """SIGTERM to the server (a rollout's, Kubernetes' stop): it drains and exits (SGLang 0.5.x
+    `srt/entrypoints/http_server.py`'s handler; the corpus's `sglang-sigterm-stop.log`)."""
+    return (_sg("10:40:00", "SIGTERM received. signum=None frame=None. Draining requests and shutting down...")
+            + _sg("10:40:04", "Gracefully exiting... Remaining number of requests 0. Remaining requests "
+                  "remaining_rids=[]."))
+
 def sglang_lost_prefill(address: str, affected: int) -> str:
     """A decode server whose prefill's bootstrap server stopped answering its heartbeat: two misses, then the loss
     (`srt/disaggregation/common/conn.py:1997-2040`)."""
