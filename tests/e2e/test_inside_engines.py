@@ -1,7 +1,7 @@
-"""Engines that are vLLM inside (simulated), end to end through real Prometheus and Alertmanager with the shipped
-rules: a Dynamo vLLM worker without a system port (nothing to probe: its log alone says it serves) and Aphrodite,
-each in its seed stall (weights in GPU memory, GPU idle, log silent, not ready) pages; a healthy idle one stays
-silent and a clean stop raises nothing (issue 28 item 4)."""
+"""Engines that are vLLM or SGLang inside (simulated), end to end through real Prometheus and Alertmanager with the
+shipped rules: Dynamo's vLLM and SGLang workers without a system port (nothing to probe: the log alone says it
+serves) and Aphrodite, each in its seed stall (weights in GPU memory, GPU idle, log silent, not ready) pages; a
+healthy idle one stays silent and a clean stop raises nothing (issue 28 item 4)."""
 
 from __future__ import annotations
 
@@ -23,15 +23,16 @@ IDLE = {"running": 0, "waiting": 0, "throughput": 0.0, "tokens_start": 5000, "in
 # engine, the seed stall's transcript, a healthy start's, its stop, and what the simulator serves once up.
 ENGINES = {
     "dynamo-vllm": (t.dynamo_vllm_until_shards(), t.dynamo_vllm_healthy(), t.dynamo_stop(), {"http": "none"}),
+    "dynamo-sglang": (t.dynamo_sglang_until_shards(), t.dynamo_sglang_healthy(), t.dynamo_stop(), {"http": "none"}),
     "aphrodite-vllm": (t.aphrodite_until_shards(), t.aphrodite_healthy(), t.aphrodite_stop(), {"work": IDLE}),
 }
 
 
 def _engine_core(sim: Engine) -> int:
-    """The pid of its `...::EngineCore` child, which holds the weights."""
+    """The pid of its engine's child that holds the weights: vLLM's `...::EngineCore`, SGLang's scheduler."""
     return poll(lambda: next((p.pid for p in psutil.Process(sim.proc.pid).children()
-                              if p.cmdline() and p.cmdline()[0].endswith("::EngineCore")), None),
-                timeout=30, what=f"{sim.name}'s EngineCore")
+                              if p.cmdline() and p.cmdline()[0].endswith(("::EngineCore", "::scheduler"))), None),
+                timeout=30, what=f"{sim.name}'s engine core")
 
 
 @pytest.mark.parametrize("engine_name", list(ENGINES))
@@ -46,14 +47,14 @@ def test_the_seed_stall_pages_an_idle_server_and_a_clean_stop_do_not(
     query = prometheus(daemons, tmp_path, am_port, [f"127.0.0.1:{e.port}"])
     poll(lambda: query('up{job="stallwatch"} == 1'), timeout=30, what="the first scrape")
 
-    if engine_name == "dynamo-vllm":  # one worker per model: three models
+    if engine_name.startswith("dynamo-"):  # one worker per model: three models
         stalled_model, idle_model, stopped_model = "Qwen/Qwen3-0.6B", "Qwen/Qwen3-8B", "Qwen/Qwen3-4B"
         stalled = engine(engine_name, until_shards, final="stall", tp=1, args=("--model", stalled_model))
         idle = engine(engine_name, healthy.replace(stalled_model, idle_model), final="serve", tp=1,
                       args=("--model", idle_model), **serving)
         stopped = engine(engine_name, healthy.replace(stalled_model, stopped_model), final="serve", tp=1,
                          args=("--model", stopped_model), on_sigterm=stop, **serving)
-        names = {sim: f"dynamo-vllm-{model.rsplit('/', 1)[1]}"
+        names = {sim: f"{engine_name}-{model.rsplit('/', 1)[1]}"
                  for sim, model in ((stalled, stalled_model), (idle, idle_model), (stopped, stopped_model))}
     else:
         stalled = engine(engine_name, until_shards, final="stall", tp=1)

@@ -196,6 +196,7 @@ ENGINE_COMMANDS = {
     # Its port is DYN_SYSTEM_PORT's (the `env` of `Engine`), not a flag: the `--port` the harness adds is the
     # simulator's alone. Without a port it is named after its model: the test gives `--model` in `args`.
     "dynamo-vllm": [sys.executable, "-m", "dynamo.vllm"],
+    "dynamo-sglang": [sys.executable, "-m", "dynamo.sglang"],
     # Xinference's worker, which matches no engine: its model process, a child titled `Model: <uid>` (the scenario's
     # `children`), is the server.
     "xinference": [sys.executable, str(SIM_BIN / "xinference-local"), "--host", "127.0.0.1"],

@@ -592,6 +592,30 @@ def dynamo_vllm_healthy(model: str = "Qwen/Qwen3-0.6B") -> str:
             + _dyn("09:00:46", "_core", f"Registered base model '{model}' MDC"))
 
 
+def dynamo_sglang_until_shards(model: str = "Qwen/Qwen3-0.6B", shards: int = 8) -> str:
+    """`python -m dynamo.sglang --model-path M`: its signal handlers, then SGLang's scheduler lines through Dynamo's
+    logger (`INFO model_runner.load_model: ...`, as the published worker log writes SGLang's), to the last shard."""
+    return (_dyn("09:00:01", "graceful_shutdown.install_signal_handlers", "Signal handlers set up for graceful "
+                 "shutdown (discovery unregister + grace period)")
+            + _dyn("09:00:06", "model_runner.init_torch_distributed", "Init torch distributed begin.")
+            + _dyn("09:00:08", "model_runner.load_model", "Load weight begin. avail mem=78.50 GB")
+            + _tqdm("Loading safetensors checkpoint shards", shards, "1.77it/s"))
+
+
+def dynamo_sglang_healthy(model: str = "Qwen/Qwen3-0.6B") -> str:
+    """... then the KV cache, the graphs and the model registered with the runtime (`dynamo/sglang/register.py`)."""
+    return (dynamo_sglang_until_shards(model)
+            + _dyn("09:00:19", "model_runner.load_model", "Load weight end. type=Qwen3ForCausalLM, "
+                   "dtype=torch.bfloat16, avail mem=77.30 GB, mem usage=1.20 GB.")
+            + _dyn("09:00:20", "model_runner.init_memory_pool", "Memory pool end. avail mem=10.12 GB")
+            + _dyn("09:00:21", "cuda_graph_runner.__init__", "Capture cuda graph begin. This can take up to several "
+                   "minutes. avail mem=10.00 GB")
+            + _dyn("09:00:33", "cuda_graph_runner.__init__", "Capture cuda graph end. Time elapsed: 12.01 s. mem "
+                   "usage=0.46 GB. avail mem=9.54 GB.")
+            + _dyn("09:00:34", "register.register_model_with_readiness_gate", "Model registration succeeded; "
+                   "processing queued requests"))
+
+
 def dynamo_stop() -> str:
     """SIGTERM's graceful shutdown (`common/utils/graceful_shutdown.py`)."""
     return (_dyn("10:30:00", "graceful_shutdown.graceful_shutdown_with_discovery", "Received shutdown signal; "

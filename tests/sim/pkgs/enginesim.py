@@ -63,6 +63,7 @@ CHILD_TITLES = {
                                                              if tp > 1 else []),
 }
 CHILD_TITLES["dynamo-vllm"] = CHILD_TITLES["vllm"]  # vLLM's engine in the worker's process
+CHILD_TITLES["dynamo-sglang"] = CHILD_TITLES["sglang"]  # SGLang's `sgl.Engine` in the worker's process
 COMM_ONLY = "comm:"  # a title set as the process's `comm` only, its command line left as it was
 
 
