@@ -1,7 +1,7 @@
 """Engines that are vLLM or SGLang inside (simulated), end to end through real Prometheus and Alertmanager with the
 shipped rules: Dynamo's vLLM and SGLang workers without a system port (nothing to probe: the log alone says it
-serves) and Aphrodite, each in its seed stall (weights in GPU memory, GPU idle, log silent, not ready) pages; a
-healthy idle one stays silent and a clean stop raises nothing (issue 28 item 4)."""
+serves), Aphrodite and an Xinference model process, each in its seed stall (weights in GPU memory, GPU idle, log
+silent, not ready) pages; a healthy idle one stays silent and a clean stop raises nothing (issue 28 item 4)."""
 
 from __future__ import annotations
 
@@ -24,14 +24,18 @@ IDLE = {"running": 0, "waiting": 0, "throughput": 0.0, "tokens_start": 5000, "in
 ENGINES = {
     "dynamo-vllm": (t.dynamo_vllm_until_shards(), t.dynamo_vllm_healthy(), t.dynamo_stop(), {"http": "none"}),
     "dynamo-sglang": (t.dynamo_sglang_until_shards(), t.dynamo_sglang_healthy(), t.dynamo_stop(), {"http": "none"}),
+    # A worker's model process (titled `Model: <uid>`) is the server; it ends without a line (`exit_is_stop`).
+    "xinference": (t.xinference_until_shards(), "", "", {"http": "none"}),
     "aphrodite-vllm": (t.aphrodite_until_shards(), t.aphrodite_healthy(), t.aphrodite_stop(), {"work": IDLE}),
 }
 
 
 def _engine_core(sim: Engine) -> int:
-    """The pid of its engine's child that holds the weights: vLLM's `...::EngineCore`, SGLang's scheduler."""
+    """The pid of its engine's child that holds the weights: vLLM's `...::EngineCore`, SGLang's scheduler, an
+    Xinference worker's model process."""
     return poll(lambda: next((p.pid for p in psutil.Process(sim.proc.pid).children()
-                              if p.cmdline() and p.cmdline()[0].endswith(("::EngineCore", "::scheduler"))), None),
+                              if p.cmdline() and (p.cmdline()[0].endswith(("::EngineCore", "::scheduler"))
+                                                  or " ".join(p.cmdline()).startswith("Model: "))), None),
                 timeout=30, what=f"{sim.name}'s engine core")
 
 
@@ -56,6 +60,14 @@ def test_the_seed_stall_pages_an_idle_server_and_a_clean_stop_do_not(
                          args=("--model", stopped_model), on_sigterm=stop, **serving)
         names = {sim: f"{engine_name}-{model.rsplit('/', 1)[1]}"
                  for sim, model in ((stalled, stalled_model), (idle, idle_model), (stopped, stopped_model))}
+    elif engine_name == "xinference":  # one model process per worker, named after its uid
+        uids = ("qwen-stalled-0", "qwen-idle-0", "qwen-stopped-0")
+        stalled = engine(engine_name, until_shards, final="stall", tp=1, children=[f"Model: {uids[0]}"], **serving)
+        idle = engine(engine_name, t.xinference_model_loaded(uids[1]), final="serve", tp=1,
+                      children=[f"Model: {uids[1]}"], **serving)
+        stopped = engine(engine_name, t.xinference_model_loaded(uids[2]), final="serve", tp=1,
+                         children=[f"Model: {uids[2]}"], on_sigterm=stop, **serving)
+        names = {sim: f"xinference-{uid}" for sim, uid in zip((stalled, idle, stopped), uids, strict=True)}
     else:
         stalled = engine(engine_name, until_shards, final="stall", tp=1)
         idle = engine(engine_name, healthy, final="serve", tp=1, **serving)

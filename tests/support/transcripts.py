@@ -659,6 +659,14 @@ def aphrodite_stop() -> str:
               "INFO:     Application shutdown complete.\n")
 
 
+def xinference_until_shards(shards: int = 8) -> str:
+    """An Xinference model actor loading vLLM in-process, to its last weight shard: the engine's lines through the
+    actor's logger."""
+    return (_aph("09:00:09", "Initializing a V1 LLM engine (v0.11.0) with config: model='/models/qwen2.5-instruct'")
+            + _aph("09:00:12", "Starting to load model /models/qwen2.5-instruct...")
+            + _tqdm("Loading safetensors checkpoint shards", shards, "1.77it/s"))
+
+
 def xinference_model_loaded(uid: str = "qwen2.5-instruct-0") -> str:
     """An Xinference model actor loading vLLM in-process: the engine's lines through the actor's logger, then the
     actor's own `ModelActor(uid) loaded` (xinference/core/model.py:500)."""

@@ -399,6 +399,9 @@ class Engine:
     # Regex matched at the start of the command line (argv joined by spaces) whose `model` group is the model, for a
     # process title that replaced the command line (Xinference's `Model: <uid>`); None: the flags and commands only.
     title_model: re.Pattern[str] | None = None
+    # A process that its host ends when its model is unloaded, with no line of its own (an Xinference worker's model
+    # actor, `xinference terminate`): it is gone on request unless it failed (no InferenceServerDown).
+    exit_is_stop: bool = False
     metrics: MetricsSpec | None = None  # None: no `/metrics` page known
     loaded_models: LoadedModels | None = None  # None: no page of its loaded models known
     stats_lines: tuple[StatsLine, ...] = ()

@@ -10,6 +10,9 @@ named after its model uid (`xinference-qwen2.5-instruct-0`), and its log is its 
 stderr, shared by every model it hosts). The engine's own lines move the phase by their message (the model is
 loaded through `_load_with_redirect`); `ModelActor({uid}) loaded` (`core/model.py:500`) is serving.
 
+A model process that ends without a failure line was terminated by its worker (`exit_is_stop`): `stopped` on
+request, no InferenceServerDown; one killed outright (the OOM killer) reads the same.
+
 Not covered: which engine is inside, the supervisor's and workers' own health (`/status`) and metrics
 (`xinference:*`, no running/waiting pair), one model's lines told apart from another's in a shared log."""
 
@@ -26,6 +29,9 @@ ENGINE = Engine(
     program=re.compile(r"Model: \S+ *$"),
     default_port=None,
     title_model=re.compile(r"Model: (?P<model>\S+) *$"),
+    # The worker ends a model's process when the model is terminated (`core/worker.py` `terminate_model` removes its
+    # sub pool), logging nothing in the model's name: an unload, not an outage.
+    exit_is_stop=True,
     role_title=re.compile(r"^(?:VLLM|sglang)::(?P<role>[A-Za-z0-9_]+)"),
     rules=(
         rule(r"ModelActor\([^)\n]+\) loaded", phase="serving"),

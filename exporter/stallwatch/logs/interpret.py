@@ -308,6 +308,7 @@ class LogInterpreter:
             if self._traceback is not None:  # the process ended in the middle of one: a failure
                 self._judge_open(tracebacks.Judged(False, 0))
             self._enter("failed" if self._fatal_in_launch or self._phase == "failed" else "stopped")
+            self._stopping = self._stopping or (self._engine.exit_is_stop and self._phase == "stopped")
             self._gone = True
 
     def probe_succeeded(self, at: float) -> None:

@@ -99,13 +99,23 @@ def test_aphrodites_page_and_stats_line_are_its_figures() -> None:
 
 
 def test_an_xinference_model_process_serves_once_its_actor_says_loaded() -> None:
-    """The vLLM inside prints its engine's lines through the actor's logger; the actor's `loaded` is ready."""
+    """The vLLM inside prints its engine's lines through the actor's logger; the actor's `loaded` is ready; a model
+    process gone without a failure was terminated by its worker."""
     lines = t.xinference_model_loaded()
     assert phases("xinference", lines) == ["launching", "loading_weights", "allocating_memory", "serving"]
     oom = ("2026-11-20 09:31:02,331 xinference.core.model 4242 ERROR    Model actor is out of memory, model id: "
            "qwen2.5-instruct, error: CUDA out of memory. Tried to allocate 2.00 GiB\n")
-    snap = fed("xinference", lines, oom).snapshot()
-    assert snap.phase == "failed" and snap.events["oom"] >= 1
+    failed = fed("xinference", lines, oom)
+    failed.process_gone()
+    assert (failed.snapshot().phase, failed.snapshot().stop_requested) == ("failed", False)
+    assert failed.snapshot().events["oom"] >= 1
+    # Its worker ends a terminated model's process without a line: a stop, not an outage (`exit_is_stop`).
+    unloaded = fed("xinference", lines)
+    unloaded.process_gone()
+    assert (unloaded.snapshot().phase, unloaded.snapshot().stop_requested) == ("stopped", True)
+    vllm = fed("vllm", t.vllm_healthy(tp=1))
+    vllm.process_gone()
+    assert (vllm.snapshot().phase, vllm.snapshot().stop_requested) == ("stopped", False)
 
 
 def test_a_dynamo_sglang_workers_decode_lines_are_its_figures() -> None:
