@@ -62,15 +62,13 @@ def panels() -> list[dict[str, Any]]:
         servers,
         panel("GPU memory held by the server", "timeseries", 0, 11, 12, 8, [
             target(f"stallwatch_server_gpu_memory_used_bytes{{{SEL}}}", "{{server}} GPU {{gpu}}"),
-            target(f"max by (instance) (stallwatch_gpu_memory_total_bytes{{{INST}}})", "GPU total", "B"),
             target(f"stallwatch_stall_gpu_memory_threshold_bytes{{{SEL}}}", "{{server}} threshold", "C"),
-        ], unit="bytes", description="Memory of the server's processes per GPU, against GPU total and the "
-                                     "stall threshold."),
-        panel("GPU utilization and busy rate", "timeseries", 12, 11, 12, 8, [
-            target(f"stallwatch_gpu_utilization_ratio{{{INST}}}", "util GPU {{gpu}}"),
-            target(f"rate(stallwatch_gpu_busy_seconds_total{{{INST}}}[$__rate_interval])", "busy GPU {{gpu}}",
-                   "B"),
-        ], unit="percentunit", description="NVML's last sample, and busy seconds per second over the interval."),
+        ], unit="bytes", description="Memory of the server's processes per GPU, against the stall threshold."),
+        panel("GPU busy rate of the server's GPUs", "timeseries", 12, 11, 12, 8, [
+            target(f"rate(stallwatch_server_gpu_busy_seconds_total{{{SEL}}}[$__rate_interval])",
+                   "{{server}} GPU {{gpu}}"),
+        ], unit="percentunit", description="Busy seconds per second over the interval (the mean utilization, "
+                                           "integrated from NVML's samples) of each GPU the server holds memory on."),
         *gpu_health_panels(19),
         panel("CPU by process role", "timeseries", 0, 27, 12, 8, [target(
             f"sum by (server, process) (rate(stallwatch_process_cpu_seconds_total{{{SEL}}}[$__rate_interval]))",

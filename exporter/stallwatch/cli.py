@@ -15,7 +15,7 @@ import psutil
 
 from stallwatch import __version__, app
 from stallwatch import config as config_module
-from stallwatch.collectors import REGISTRY, sections
+from stallwatch.collectors import REGISTRY, sections, with_details
 from stallwatch.config import Config
 from stallwatch.config import web as webconfig
 from stallwatch.config.reader import ConfigError
@@ -58,6 +58,10 @@ def _add_global_flags(parser: argparse.ArgumentParser, defaults: bool) -> None:
         parser.add_argument(f"--collector.{name}", dest=f"collector_{name}", default=default(None),
                             action=argparse.BooleanOptionalAction,
                             help=f"{registration.help} (default: the config's {name}.enabled, true)")
+        parser.add_argument(f"--collector.{name}.details", dest=f"collector_{name}_details", default=default(None),
+                            action=argparse.BooleanOptionalAction,
+                            help=f"the {name} collector's detail families, read by no shipped rule or panel, and its "
+                                 f"duration (default: the config's {name}.details, false)")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -143,6 +147,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         config = config_module.load(args.config_file, sections()) if args.config_file else Config()
         config = _with_path_flags(config, args)
+        config = with_details(config, {r.name: getattr(args, f"collector_{r.name}_details") for r in REGISTRY})
         if args.command == "diagnose":
             return _diagnose(config, args)
         host, port = _listen_address(args.listen_address)

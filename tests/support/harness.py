@@ -20,6 +20,7 @@ from typing import TypeVar
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from stallwatch.collectors import REGISTRY
 from support.paths import FAKES, SIM_BIN, SIM_PKGS
 
 T = TypeVar("T")
@@ -117,15 +118,18 @@ class Scrape:
 class Exporter:
     def __init__(self, tmp: Path, config: str | None = None, nvml: dict | None = None,
                  args: tuple[str, ...] = (), env: dict[str, str] | None = None, listen_host: str = "127.0.0.1",
-                 ready: bool = True, prefix: list[str] | None = None, url_host: str = "127.0.0.1") -> None:
+                 ready: bool = True, prefix: list[str] | None = None, url_host: str = "127.0.0.1",
+                 details: bool = True) -> None:
         """`listen_host` "" listens on every address (dual-stack); `ready=False` does not wait for `/-/healthy`
         to answer 200 (TLS or basic auth: the test waits its own way). `prefix` runs it elsewhere (a node's
-        namespaces, `cluster.Node.prefix`), reached at `url_host`."""
+        namespaces, `cluster.Node.prefix`), reached at `url_host`. `details`: every collector's detail families
+        too (`--collector.<name>.details`), which tests read as evidence; the golden scrapes run without them, as
+        the exporter's defaults are."""
         self.port = free_port()
         self.url = f"http://{url_host}:{self.port}"
         self.nvml = FakeNvml(tmp / "nvml.json", nvml if nvml is not None else {"missing": True})
         cmd = [*(prefix or []), sys.executable, "-m", "stallwatch", f"--web.listen-address={listen_host}:{self.port}",
-               *args]
+               *(f"--collector.{r.name}.details" for r in REGISTRY if details), *args]
         if config is not None:
             path = tmp / "stallwatch.yml"
             path.write_text(config)

@@ -64,13 +64,17 @@ def test_every_registered_collector_has_a_section_and_a_flag() -> None:
     config = parse("gpu: {sample_interval: 2s}\nlogs: {enabled: false, poll_interval: 0.5s}\nphase: {enabled: false}\n")
     assert config.collector("gpu", GpuSettings).sample_interval == 2
     assert config.collector("logs", LogsSettings) == LogsSettings(enabled=False, poll_interval=0.5)
-    with pytest.raises(ConfigError, match=r"c\.yml:1: process\.poll_interval: unknown key; expected one of enabled"):
+    with pytest.raises(ConfigError,
+                       match=r"c\.yml:1: process\.poll_interval: unknown key; expected one of details, enabled"):
         parse("process: {poll_interval: 1s}\n", file="c.yml")
     usage = subprocess.run([sys.executable, "-m", "stallwatch", "--help"], capture_output=True, text=True,
                            timeout=30).stdout
     for registration in REGISTRY:
         assert f"--collector.{registration.name}" in usage, registration.name
+        assert f"--no-collector.{registration.name}.details" in usage, registration.name
         assert registration.name in parse("").collectors
+        assert not parse("").collector(registration.name, registration.settings).details, registration.name
+    assert parse("gpu: {details: true}\n").collector("gpu", GpuSettings).details
 
 
 @pytest.mark.process

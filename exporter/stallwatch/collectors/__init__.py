@@ -1,13 +1,15 @@
 """The registered collectors, and the root collector that runs each in isolation and reports on each.
 
 A collector whose `collect()` raises contributes nothing to the scrape except
-`stallwatch_collector_success{collector="<name>"} 0`; `/metrics` still answers 200.
+`stallwatch_collector_success{collector="<name>"} 0`; `/metrics` still answers 200. A collector's detail families
+(catalog `detail`) and its duration come only when its details are on (`<name>.details`).
 Adding a collector: one module with a `COLLECTOR = Registration(...)`, one line in `REGISTRY`, and (when it
 reads a new background signal) that signal's field in `runtime.Runtime`, made in `app.build`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Iterator, Mapping
@@ -30,7 +32,7 @@ from stallwatch.collectors import (
     thresholds,
 )
 from stallwatch.collectors.base import MetricSource, Registration
-from stallwatch.collectors.catalog import family
+from stallwatch.collectors.catalog import detail_names, family
 from stallwatch.config import CollectorSettings, Config
 from stallwatch.runtime import Runtime
 from stallwatch.text import printable
@@ -59,8 +61,11 @@ def sections() -> dict[str, type[CollectorSettings]]:
 
 
 class StallwatchCollector(Collector):
-    def __init__(self, sources: Mapping[str, MetricSource]) -> None:
+    def __init__(self, sources: Mapping[str, MetricSource], details: frozenset[str] = frozenset()) -> None:
+        """`details`: the collectors whose detail families and duration are exported."""
         self.sources = dict(sources)
+        self.details = details
+        self._detail_names = detail_names()
         self._failing: dict[str, str] = {}
 
     def describe(self) -> list[Metric]:
@@ -80,11 +85,15 @@ class StallwatchCollector(Collector):
             else:
                 if self._failing.pop(name, None) is not None:
                     log.info("collector %s recovered", name)
-            yield from (_printable(m) for m in metrics if m.samples)
+            detailed = name in self.details
+            yield from (_printable(m) for m in metrics
+                        if m.samples and (detailed or m.name not in self._detail_names))
             success.add_metric([name], 1.0 if ok else 0.0)
-            duration.add_metric([name], time.perf_counter() - start)
+            if detailed:
+                duration.add_metric([name], time.perf_counter() - start)
         yield success
-        yield duration
+        if duration.samples:
+            yield duration
 
     def _report(self, name: str, exc: Exception) -> None:
         message = f"{type(exc).__name__}: {exc}"
@@ -103,6 +112,17 @@ def _printable(metric: Metric) -> Metric:
             labels = {key: printable(value) for key, value in sample.labels.items()}
             metric.samples[i] = sample._replace(labels=labels)
     return metric
+
+
+def with_details(config: Config, flags: Mapping[str, bool | None]) -> Config:
+    """The config with each `--[no-]collector.<name>.details` flag given (not None) over its `<name>.details`."""
+    sections = dict(config.collectors)
+    for registration in REGISTRY:
+        flag = flags.get(registration.name)
+        if flag is not None:
+            settings = config.collector(registration.name, registration.settings)
+            sections[registration.name] = dataclasses.replace(settings, details=flag)
+    return dataclasses.replace(config, collectors=sections)
 
 
 def enabled(config: Config, flags: Mapping[str, bool | None]) -> dict[str, CollectorSettings]:
@@ -127,4 +147,5 @@ def build(runtime: Runtime) -> StallwatchCollector:
     """The root collector over the collectors that are on (`runtime.collectors`), each built from the runtime
     and its settings."""
     on = runtime.collectors
-    return StallwatchCollector({r.name: r.build(runtime, on[r.name]) for r in REGISTRY if r.name in on})
+    return StallwatchCollector({r.name: r.build(runtime, on[r.name]) for r in REGISTRY if r.name in on},
+                               frozenset(name for name, settings in on.items() if settings.details))

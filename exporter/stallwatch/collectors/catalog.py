@@ -1,7 +1,9 @@
 """Every metric family stallwatch can emit, in one catalog: name, type, help and labels.
 
 Collectors build fresh families from this catalog on every scrape, so names and HELP texts live in one
-place and the README's metric table can be checked against it.
+place and the README's metric table can be checked against it. A family marked `detail` is read by no shipped rule
+or dashboard panel: it is exported only when its collector's details are on (`<collector>.details`,
+`--collector.<collector>.details`), so that a node stays within its series budget (README "Series budget").
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ class Family:
     kind: str  # "gauge" or "counter"
     help: str
     labels: tuple[str, ...]
+    detail: bool = False  # only with its collector's details on
 
 
 GPU = ("gpu", "uuid")
@@ -28,17 +31,22 @@ ENGINE = ("server", "source")
 
 CATALOG: dict[str, Family] = {
     # GPU
-    "gpu_info": Family("gauge", "GPU identity; always 1.", (*GPU, "name", "driver_version")),
+    "gpu_info": Family("gauge", "GPU identity; always 1.", (*GPU, "name", "driver_version"), detail=True),
     "gpu_up": Family("gauge", "1 when the GPU answered NVML in this scrape, 0 when lost or failing.", GPU),
-    "gpu_memory_used_bytes": Family("gauge", "GPU memory in use, bytes.", GPU),
-    "gpu_memory_total_bytes": Family("gauge", "GPU memory in total, bytes.", GPU),
+    "gpu_memory_used_bytes": Family("gauge", "GPU memory in use, bytes.", GPU, detail=True),
+    "gpu_memory_total_bytes": Family("gauge", "GPU memory in total, bytes.", GPU, detail=True),
     "gpu_utilization_ratio": Family(
-        "gauge", "Fraction of NVML's last sample period in which a kernel ran (0..1).", GPU),
+        "gauge", "Fraction of NVML's last sample period in which a kernel ran (0..1).", GPU, detail=True),
     "gpu_busy_seconds_total": Family(
         "counter", "Seconds a kernel ran, integrated from NVML utilization samples; rate() is the mean "
-        "utilization over any window.", GPU),
+        "utilization over any window.", GPU, detail=True),
     "server_gpu_memory_used_bytes": Family(
         "gauge", "GPU memory held by the server's processes on that GPU, bytes.", ("server", *GPU)),
+    # The busy counter again, with its server: the rules read a server's GPUs without joining every GPU's counter
+    # with server_gpu_memory_used_bytes on every evaluation (issue 31: the costliest rule).
+    "server_gpu_busy_seconds_total": Family(
+        "counter", "Seconds a kernel ran on a GPU the server holds memory on (stallwatch_gpu_busy_seconds_total with "
+        "its server: one series per server_gpu_memory_used_bytes series).", ("server", *GPU)),
     "nvml_up": Family("gauge", "1 when the NVIDIA driver library answered, 0 when unavailable.", ()),
     "nvml_expected": Family(
         "gauge", "1 when NVML is expected to answer (the node shows an NVIDIA device or driver, or the GPU collector "
@@ -46,7 +54,8 @@ CATALOG: dict[str, Family] = {
     # GPU health: each only where the GPU supports it (absent, never zero, otherwise)
     "gpu_power_watts": Family("gauge", "Power the GPU draws, watts.", GPU),
     "gpu_power_limit_watts": Family("gauge", "Power limit the driver enforces on the GPU, watts.", GPU),
-    "gpu_energy_joules_total": Family("counter", "Energy the GPU used since the driver loaded, joules.", GPU),
+    "gpu_energy_joules_total": Family(
+        "counter", "Energy the GPU used since the driver loaded, joules.", GPU, detail=True),
     "gpu_recovery_action": Family(
         "gauge", "The driver's recovery action for the GPU (NVML GET_GPU_RECOVERY_ACTION): 0 none, 1 GPU reset, "
         "2 node reboot, 3 drain P2P, 4 drain and reset, 5 recover IMEX domain, 6 bus reset, 7 system reboot.", GPU),
@@ -54,11 +63,12 @@ CATALOG: dict[str, Family] = {
         "counter", "Uncorrected ECC errors since the driver loaded (volatile).", GPU),
     "gpu_remapped_rows": Family(
         "gauge", "Remapped memory rows by kind (correctable, uncorrectable); pending and failure are 1 when a remap "
-        "waits for a reset or failed.", (*GPU, "kind")),
-    "gpu_pcie_replays_total": Family("counter", "PCIe replays of the GPU.", GPU),
-    "gpu_clock_event_reason": Family(
-        "gauge", "1 when this reason holds the GPU's clocks down now (NVML clocks event reasons), else 0.",
-        (*GPU, "reason")),
+        "waits for a reset or failed.", (*GPU, "kind"), detail=True),
+    "gpu_pcie_replays_total": Family("counter", "PCIe replays of the GPU.", GPU, detail=True),
+    "gpu_clock_event_reasons": Family(
+        "gauge", "Why the GPU's clocks are held down now, NVML's bitmask of nvmlClocksEventReason* (0x1 GPU idle, 0x2 "
+        "applications clocks setting, 0x4 SW power cap, 0x8 HW slowdown, 0x10 sync boost, 0x20 SW thermal slowdown, "
+        "0x40 HW thermal slowdown, 0x80 HW power brake slowdown, 0x100 display clock setting); 0 when none.", GPU),
     "gpu_xid_errors_total": Family(
         "counter", "Xid errors NVML reported for the GPU since the exporter started (its event API).", (*GPU, "xid")),
     "gpu_xid_last_timestamp_seconds": Family(
@@ -83,19 +93,21 @@ CATALOG: dict[str, Family] = {
     "process_cpu_seconds_total": Family(
         "counter", "CPU seconds used by the processes of this role; exited children keep their share.",
         (*PROC, "mode")),
-    "process_resident_memory_bytes": Family("gauge", "Resident memory of the processes of this role.", PROC),
-    "process_threads": Family("gauge", "Threads of the processes of this role.", PROC),
+    "process_resident_memory_bytes": Family(
+        "gauge", "Resident memory of the processes of this role.", PROC, detail=True),
+    "process_threads": Family("gauge", "Threads of the processes of this role.", PROC, detail=True),
     # Logs
-    "log_up": Family("gauge", "1 when the log file is readable.", LOG),
-    "log_size_bytes": Family("gauge", "Current size of the log file, bytes.", LOG),
-    "log_read_bytes_total": Family("counter", "Bytes read from the log, across rotation and truncation.", LOG),
-    "log_lines_total": Family("counter", "Lines read from the log, across rotation and truncation.", LOG),
+    "log_up": Family("gauge", "1 when the log file is readable.", LOG, detail=True),
+    "log_size_bytes": Family("gauge", "Current size of the log file, bytes.", LOG, detail=True),
+    "log_read_bytes_total": Family(
+        "counter", "Bytes read from the log, across rotation and truncation.", LOG, detail=True),
+    "log_lines_total": Family("counter", "Lines read from the log, across rotation and truncation.", LOG, detail=True),
     "log_shared": Family(
         "gauge", "1 when the log file is another watched server's log too: only its lines whose prefix names one of "
-        "this server's processes count for its phase and events.", LOG),
-    "log_backlog_bytes": Family("gauge", "Bytes of the log file not read yet.", LOG),
+        "this server's processes count for its phase and events.", LOG, detail=True),
+    "log_backlog_bytes": Family("gauge", "Bytes of the log file not read yet.", LOG, detail=True),
     "log_skipped_bytes_total": Family(
-        "counter", "Bytes of the log left unread because it grew faster than its read budget.", LOG),
+        "counter", "Bytes of the log left unread because it grew faster than its read budget.", LOG, detail=True),
     "log_last_line_timestamp_seconds": Family(
         "gauge", "When the log last grew (bytes, not only newlines), seconds since the epoch.", LOG),
     "log_last_line_age_seconds": Family("gauge", "Seconds since the log last grew.", LOG),
@@ -135,9 +147,9 @@ CATALOG: dict[str, Family] = {
     # Probes
     "probe_success": Family("gauge", "1 when the last probe succeeded.", PROBE),
     "probe_duration_seconds": Family("gauge", "Duration of the last probe.", PROBE),
-    "probe_http_status_code": Family("gauge", "HTTP status of the last probe; 0 when none came.", PROBE),
+    "probe_http_status_code": Family("gauge", "HTTP status of the last probe; 0 when none came.", PROBE, detail=True),
     "probe_last_success_timestamp_seconds": Family(
-        "gauge", "When a probe last succeeded, seconds since the epoch.", PROBE),
+        "gauge", "When a probe last succeeded, seconds since the epoch.", PROBE, detail=True),
     "probe_failures_total": Family(
         "counter", "Failed probes by reason (refused, timeout, http_status, error, unreachable).", (*PROBE, "reason")),
     # Where the server lives
@@ -189,9 +201,16 @@ CATALOG: dict[str, Family] = {
         ("server",)),
     # Self
     "collector_success": Family("gauge", "1 when the collector succeeded in this scrape.", ("collector",)),
-    "collector_duration_seconds": Family("gauge", "Time the collector took in this scrape.", ("collector",)),
+    "collector_duration_seconds": Family(
+        "gauge", "Time the collector took in this scrape (only for a collector whose details are on).",
+        ("collector",), detail=True),
     "build_info": Family("gauge", "stallwatch build; always 1.", ("version",)),
 }
+
+
+def detail_names() -> frozenset[str]:
+    """The exposition names of the detail families (a counter's without `_total`, as prometheus_client names it)."""
+    return frozenset(family(name).name for name, spec in CATALOG.items() if spec.detail)
 
 
 def family(short_name: str) -> Metric:

@@ -1,6 +1,7 @@
 """GPU collector: per-device identity, memory, utilization and busy seconds, the cheap health fields (power,
-energy, the driver's recovery action, ECC, remapped rows, PCIe replays, clock event reasons), Xid events, the
-memory that each watched server's processes hold on each GPU and the memory nobody watched holds. It reads the
+energy, the driver's recovery action, ECC, remapped rows, PCIe replays, the clock event reasons' bitmask), Xid
+events, the memory that each watched server's processes hold on each GPU (with that GPU's busy seconds) and the memory
+nobody watched holds. It reads the
 NVML readers' last readings and never calls NVML; a failing device is reported as down, never as stale."""
 
 from __future__ import annotations
@@ -21,8 +22,9 @@ HEALTH = (  # family -> the `Health` field that feeds it, one sample per GPU
     ("gpu_power_watts", "power_watts"), ("gpu_power_limit_watts", "power_limit_watts"),
     ("gpu_energy_joules_total", "energy_joules"), ("gpu_recovery_action", "recovery_action"),
     ("gpu_ecc_uncorrected_errors_total", "ecc_uncorrected"), ("gpu_pcie_replays_total", "pcie_replays"),
+    ("gpu_clock_event_reasons", "clock_event_reasons"),
 )
-LABELLED_HEALTH = (("gpu_remapped_rows", "remapped_rows"), ("gpu_clock_event_reason", "clock_event_reasons"))
+LABELLED_HEALTH = (("gpu_remapped_rows", "remapped_rows"),)
 
 
 class GpuCollector:
@@ -71,22 +73,28 @@ class GpuCollector:
         yield from (errors, last)
 
     def _memory(self, devices: list[Device]) -> Iterator[Metric]:
-        """What each server holds on each GPU, and what no watched server does: processes that are gone (a rank
-        left over from the last run) or belong to no watched tree. A GPU a server lists (`gpus:`) is its own."""
+        """What each server holds on each GPU (and that GPU's busy seconds, with the server), and what no watched
+        server does: processes that are gone (a rank left over from the last run) or belong to no watched tree. A
+        GPU a server lists (`gpus:`) is its own."""
         held, unattributed = family("server_gpu_memory_used_bytes"), family("gpu_unattributed_memory_bytes")
+        busy = family("server_gpu_busy_seconds_total")
         watched: set[int] = set()
         owned: set[str] = set()
         for server in self.watcher.servers():
             look = server.look()
             for device, memory in server_memory(look, devices):
-                held.add_metric([look.name, device.index, device.uuid], memory)
+                labels = [look.name, device.index, device.uuid]
+                held.add_metric(labels, memory)
+                seconds = self.nvml.busy_seconds(device.uuid)
+                if seconds is not None:
+                    busy.add_metric(labels, seconds)
             watched.update(s.pid for s in look.tree)
             owned.update(str(gpu) for gpu in look.spec.gpus or ())
         for device in devices:
             if device.processes is not None and device.index not in owned:
                 stray = sum(b for pid, b in device.processes.items() if pid not in watched)
                 unattributed.add_metric([device.index, device.uuid], stray)
-        yield from (held, unattributed)
+        yield from (held, busy, unattributed)
 
 
 def _health(devices: Iterable[Device]) -> Iterator[Metric]:

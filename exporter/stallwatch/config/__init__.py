@@ -109,6 +109,9 @@ class CollectorSettings:
     """A collector's config section; a collector with more keys subclasses it."""
 
     enabled: bool = setting(boolean, True)
+    # Its detail families (catalog `detail`: read by no shipped rule or panel) and its duration: off by default,
+    # as node_exporter keeps its costly collectors off, so that a node stays within its series budget.
+    details: bool = setting(boolean, False)
 
 
 @dataclass(frozen=True)

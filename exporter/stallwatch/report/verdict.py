@@ -50,7 +50,7 @@ def verdict(report: ServerReport, memory_threshold: float, log_stale: float) -> 
 
 
 def _spins(g: GpuInfo) -> bool:
-    """Busy now and over the recent samples at under SPIN_POWER of its limit: stallwatch:gpu_spinning_ratio:rate5m
+    """Busy now and over the recent samples at under SPIN_POWER of its limit: stallwatch:server_gpu_spinning_ratio:max
     as one look sees it (the power now for the rules' highest over 5 minutes)."""
     return (g.utilization is not None and g.utilization >= SPIN_BUSY
             and (g.busy_ratio is None or g.busy_ratio >= SPIN_BUSY)

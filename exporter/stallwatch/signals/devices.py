@@ -20,18 +20,6 @@ MAX_SAMPLE_SECONDS = 1.0  # NVML's sample period is 1/6 s to 1 s; a longer gap m
 T = TypeVar("T")
 
 
-# `nvmlDeviceGetCurrentClocksEventReasons` bits (nvml.h `nvmlClocksEventReason*`), as label values.
-CLOCK_EVENT_REASONS = {
-    "gpu_idle": pynvml.nvmlClocksEventReasonGpuIdle,
-    "applications_clocks_setting": pynvml.nvmlClocksEventReasonApplicationsClocksSetting,
-    "sw_power_cap": pynvml.nvmlClocksEventReasonSwPowerCap,
-    "hw_slowdown": pynvml.nvmlClocksEventReasonHwSlowdown,
-    "sync_boost": pynvml.nvmlClocksEventReasonSyncBoost,
-    "sw_thermal_slowdown": pynvml.nvmlClocksEventReasonSwThermalSlowdown,
-    "hw_thermal_slowdown": pynvml.nvmlClocksEventReasonHwThermalSlowdown,
-    "hw_power_brake_slowdown": pynvml.nvmlClocksEventReasonHwPowerBrakeSlowdown,
-    "display_clock_setting": pynvml.nvmlClocksEventReasonDisplayClockSetting,
-}
 REMAPPED_ROWS = ("correctable", "uncorrectable", "pending", "failure")  # `nvmlDeviceGetRemappedRows`, in order
 
 
@@ -46,7 +34,9 @@ class Health:
     ecc_uncorrected: float | None = None  # volatile: since the driver loaded
     remapped_rows: dict[str, float] | None = None  # REMAPPED_ROWS -> rows (pending, failure: 0/1)
     pcie_replays: float | None = None
-    clock_event_reasons: dict[str, float] | None = None  # CLOCK_EVENT_REASONS -> 0/1
+    # `nvmlDeviceGetCurrentClocksEventReasons` as it comes: a bitmask of `nvmlClocksEventReason*` (one series, as
+    # dcgm-exporter's, not one per reason)
+    clock_event_reasons: float | None = None
 
 
 @dataclass
@@ -196,7 +186,6 @@ def _pci(info: Any) -> str:
 def read_health(handle: object) -> Health:
     """Power, energy, the driver's recovery action, ECC, remapped rows, PCIe replays and clock event reasons."""
     remapped = _optional(lambda: pynvml.nvmlDeviceGetRemappedRows(handle))
-    reasons = _optional(lambda: _clock_event_reasons(handle))
     return Health(
         power_watts=_optional(lambda: pynvml.nvmlDeviceGetPowerUsage(handle) / 1000.0),
         power_limit_watts=_optional(lambda: pynvml.nvmlDeviceGetEnforcedPowerLimit(handle) / 1000.0),
@@ -206,8 +195,7 @@ def read_health(handle: object) -> Health:
             handle, pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_VOLATILE_ECC))),
         remapped_rows=None if remapped is None else dict(zip(REMAPPED_ROWS, map(float, remapped), strict=True)),
         pcie_replays=_optional(lambda: float(pynvml.nvmlDeviceGetPcieReplayCounter(handle))),
-        clock_event_reasons=None if reasons is None else {
-            name: 1.0 if reasons & bit else 0.0 for name, bit in CLOCK_EVENT_REASONS.items()},
+        clock_event_reasons=_optional(lambda: float(_clock_event_reasons(handle))),
     )
 
 
