@@ -97,7 +97,7 @@ CATALOG: dict[str, Family] = {
         "gauge", "Resident memory of the processes of this role.", PROC, detail=True),
     "process_threads": Family("gauge", "Threads of the processes of this role.", PROC, detail=True),
     # Logs
-    "log_up": Family("gauge", "1 when the log file is readable.", LOG, detail=True),
+    "log_up": Family("gauge", "1 when the log file is readable.", LOG),
     "log_size_bytes": Family("gauge", "Current size of the log file, bytes.", LOG, detail=True),
     "log_read_bytes_total": Family(
         "counter", "Bytes read from the log, across rotation and truncation.", LOG, detail=True),
