@@ -11,7 +11,6 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
-import psutil
 import pytest
 import yaml
 
@@ -21,6 +20,7 @@ from support.dashboard import queries as dashboard_queries
 from support.harness import gpus, poll, require
 from support.paths import ROOT
 from support.sandbox import Pod
+from support.seed import EXPORTER_CONFIG, STALL_CONFIG, STALL_LOG_STALE, pids_with_titles, seed_stall_beside_idle
 from support.stack import (
     PIPELINE,
     Daemon,
@@ -31,26 +31,7 @@ from support.stack import (
     shortened_rules,
 )
 
-
-def pids_with_titles(main: int, prefix: str, count: int) -> list[int]:
-    """The pids of `main`'s children titled `prefix...`, in rank order, once all `count` are there."""
-    found = {p.cmdline()[0]: p.pid for p in psutil.Process(main).children(recursive=True)
-             if p.cmdline() and p.cmdline()[0].startswith(prefix)}
-    return [found[k] for k in sorted(found, key=lambda k: int(re.sub(r"\D", "", k) or 0))] \
-        if len(found) == count else []
-
-
-EXPORTER_CONFIG = ("discovery: {enabled: true, interval: 1s}\n"
-                   "defaults:\n  stall: {gpu_memory_bytes: 70e9, log_stale: 3s}\n"
-                   "  probe: {timeout: 1s, interval: 1s}\n"
-                   "logs: {poll_interval: 0.5s}\n"
-                   "engine_metrics: {interval: 1s, timeout: 1s}\n")
-
-
 ENGINE_PANEL = "Engine: "  # the title prefix of the dashboard's panels of the engine's own view
-
-
-STALL_LOG_STALE = 12.0  # seconds: at least the scaled idle window (5m -> 10 s), as the latency promise assumes
 
 
 def paged_after_silence(hook: Webhook, alertname: str, server: str, last_line: float, what: str) -> dict:
@@ -97,21 +78,13 @@ def test_stall_pages_idle_server_does_not_and_restart_resolves(
     # Exporter and Prometheus first, so that the windows are full of samples when the stall begins (a stall that
     # began before Prometheus watched is the "exporter just started" case of the promtool tests).
     nvml = gpus(10, used=76e9, util=0, power=85, power_limit=700, recovery_action=0, ecc_uncorrected=0)
-    e = exporter(nvml={"gpus": nvml},
-                 config=EXPORTER_CONFIG.replace("log_stale: 3s", f"log_stale: {STALL_LOG_STALE:g}s"))
+    e = exporter(nvml={"gpus": nvml}, config=STALL_CONFIG)
     query = prometheus(daemons, tmp_path, am_port, [f"127.0.0.1:{e.port}"])
     poll(lambda: query('up{job="stallwatch"} == 1'), timeout=30, what="the first scrape")
 
     transcript = t.sglang_until_shards(tp=8, shards=64)
-    stalled = engine("sglang", transcript, final="stall", tp=8)
     # vLLM always serves its /metrics: 0 running, 0 waiting, its counter still.
-    idle = engine("vllm", t.vllm_healthy(tp=1), final="serve", tp=1,
-                  work={"running": 0, "waiting": 0, "throughput": 0.0, "tokens_start": 5000, "interval": 0.5})
-    tp = poll(lambda: pids_with_titles(stalled.proc.pid, "sglang::scheduler_TP", 8), timeout=30, what="8 schedulers")
-    core = poll(lambda: pids_with_titles(idle.proc.pid, "VLLM::EngineCore", 1), timeout=30, what="EngineCore")
-    for gpu, pid in enumerate(tp + core + core):  # TP ranks on GPUs 0-7, the idle server on 8 and 9
-        nvml[gpu]["processes"] = [{"pid": pid, "used": 75e9}]
-    e.nvml.update(gpus=nvml)
+    stalled, idle = seed_stall_beside_idle(engine, e, nvml, transcript)
     poll(lambda: stalled.log.stat().st_size >= len(transcript.encode()), timeout=30, what="the stall's last line")
     last_line = stalled.log.stat().st_mtime
 
@@ -273,7 +246,7 @@ def test_collective_hang_pages_a_capture_that_draws_power_and_an_idle_spin_do_no
     for gpu, watts in ((2, 90), (3, 90), (4, 80), (5, 80)):
         nvml[gpu]["power"] = watts
     e = exporter(nvml={"gpus": nvml},
-                 config=EXPORTER_CONFIG.replace("log_stale: 3s", f"log_stale: {STALL_LOG_STALE:g}s"))
+                 config=STALL_CONFIG)
     query = prometheus(daemons, tmp_path, am_port, [f"127.0.0.1:{e.port}"])
     poll(lambda: query('up{job="stallwatch"} == 1'), timeout=30, what="the first scrape")
 
