@@ -21,6 +21,7 @@ import multiprocessing
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -185,6 +186,7 @@ def main() -> None:
                         help="backfill writers at once, each with its promtool (default: half the CPUs)")
     parser.add_argument("--timeout-minutes", type=float, default=90.0, help="gives up (and cleans up) after this")
     args = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a `kill` cleans up too
     tmp = Path(tempfile.mkdtemp(prefix="stallwatch-bench-fleet-"))
     stack: list = []
     try:
