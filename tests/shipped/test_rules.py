@@ -157,3 +157,11 @@ def test_every_window_says_why() -> None:
         for window in set(re.findall(r"\[(\d+[smh])\]|offset (\d+[smh])", expr)):
             duration = window[0] or window[1]
             assert re.search(rf"\b{duration}\b", comments), f"{name}: no comment says why its window is {duration}"
+
+
+def test_every_group_fits_a_remote_rulers_limits() -> None:
+    """Grafana Mimir's ruler refuses a group of more than 20 rules (`ruler_max_rules_per_rule_group`) and a tenant of
+    more than 70 groups (README "Past one Prometheus")."""
+    groups = yaml.safe_load(RULES.read_text())["groups"]
+    assert len(groups) <= 70
+    assert {g["name"]: len(g["rules"]) for g in groups if len(g["rules"]) > 20} == {}
