@@ -11,6 +11,7 @@ import pytest
 
 from stallwatch.config import Discovery, ServerSpec
 from stallwatch.discovery.processes import Candidate
+from stallwatch.discovery.server import Server
 from stallwatch.discovery.watcher import Watcher
 from support.clock import Clock
 from support.watchers import candidate, watcher
@@ -233,25 +234,25 @@ def test_a_neighbour_that_starts_first_holds_a_host_servers_name_only_until_root
     assert _names(w) == {"sglang-30000": ROOTS, "sglang-30000@uid1001": SQUATTER}
 
 
+def _gone_then(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, first: int, then: int) -> tuple[Watcher, Server]:
+    """A watcher that found `first`'s process (pid), which is gone by the next pass, where `then`'s is found."""
+    found = [_root(first)]
+    w = watcher(tmp_path, found, owners={SQUATTER: 1001, ROOTS: 0})
+    w.refresh()
+    [gone] = w.servers()
+    monkeypatch.setattr(gone, "is_running", lambda: False)
+    found[:] = [_root(then)]
+    return w, gone
+
 def test_a_gone_neighbours_entry_leaves_the_name_to_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The squatter killed before root's server starts: its gone entry (server_up 0, InferenceServerDown) no longer
     sits on the name operators expect."""
-    found = [_root(SQUATTER)]
-    w = watcher(tmp_path, found, owners={SQUATTER: 1001, ROOTS: 0})
-    w.refresh()
-    [squatter] = w.servers()
-    monkeypatch.setattr(squatter, "is_running", lambda: False)
-    found[:] = [_root(ROOTS)]
+    w, _ = _gone_then(tmp_path, monkeypatch, SQUATTER, ROOTS)
     assert _names(w) == {"sglang-30000": ROOTS}
 
 
 def test_a_copy_never_takes_a_gone_root_servers_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Root's server down: its entry stays under its name (InferenceServerDown), the copy is `@uid1001`."""
-    found = [_root(ROOTS)]
-    w = watcher(tmp_path, found, owners={SQUATTER: 1001, ROOTS: 0})
-    w.refresh()
-    [real] = w.servers()
-    monkeypatch.setattr(real, "is_running", lambda: False)
-    found[:] = [_root(SQUATTER)]
+    w, real = _gone_then(tmp_path, monkeypatch, ROOTS, SQUATTER)
     assert _names(w) == {"sglang-30000": ROOTS, "sglang-30000@uid1001": SQUATTER}
     assert w.servers()[0] is real
