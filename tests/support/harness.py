@@ -38,10 +38,19 @@ def require(binary: str) -> str:
     return path
 
 
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port nothing listens on, never one handed out before in this run: a stalled engine does not bind its port,
+    so the kernel would offer it again to the next caller (an exporter then listened on the engine's port)."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
 
 
 # A deadline is room for a loaded machine, never a speed figure: a test that passes meets its condition long before

@@ -171,13 +171,15 @@ def listening(procfs: str, pid: int, port: int) -> list[str] | None:
     return None if found is None else list(dict.fromkeys(s.address for s in found))
 
 
-def socket_inodes(procfs: str, pids: Iterable[int]) -> set[int]:
-    """Inodes of the sockets that `pids` hold open, from their `/proc/PID/fd/N` links (`socket:[INODE]`).
+def socket_inodes(procfs: str, pids: Iterable[int]) -> set[int] | None:
+    """Inodes of the sockets that `pids` hold open, from their `/proc/PID/fd/N` links (`socket:[INODE]`); None when
+    not one of their fd folders could be read.
 
     Reading another user's fd links needs the ptrace-read check (root or CAP_SYS_PTRACE): a process that
     cannot be read contributes nothing, so a socket is only ever credited to a process seen holding it.
     """
     found: set[int] = set()
+    read = False
     for pid in pids:
         base = _pid_dir(procfs, pid)
         if base is None:
@@ -187,6 +189,7 @@ def socket_inodes(procfs: str, pids: Iterable[int]) -> set[int]:
             names = os.listdir(fd_dir)
         except (OSError, ValueError):
             continue
+        read = True
         for name in names:
             try:
                 match = _SOCKET_LINK.fullmatch(os.readlink(os.path.join(fd_dir, name)))
@@ -194,7 +197,7 @@ def socket_inodes(procfs: str, pids: Iterable[int]) -> set[int]:
                 continue
             if match:
                 found.add(int(match.group(1)))
-    return found
+    return found if read else None
 
 
 def _read_lines(path: str) -> Iterable[str]:

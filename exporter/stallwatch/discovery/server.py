@@ -222,27 +222,36 @@ class Server:
         return changed
 
     def _read_listening(self, launch: Launch) -> tuple[str, ...] | None:
+        """The addresses the server's own tree listens on at its port; None when its namespace's table cannot be
+        read. Another process's socket on the port does not count: a server still loading beside an old one that
+        holds the port (it binds only once loaded, and then fails) has not opened it. Without the right to read the
+        tree's sockets (no CAP_SYS_PTRACE), any socket on the port in its namespace is the best guess."""
         if launch.port is None or launch.key is None:
             return None
-        found = netns.listening(self._config.paths.procfs, launch.key.pid, launch.port)
-        return None if found is None else tuple(found)
+        sockets = netns.listeners(self._config.paths.procfs, launch.key.pid, launch.port)
+        if sockets is None:
+            return None
+        held = self._held(launch, sockets)
+        return tuple(dict.fromkeys(s.address for s in (sockets if held is None else held)))
 
     def own_listeners(self, launch: Launch | None = None, port: int | None = None) -> list[netns.Socket]:
         """The LISTEN sockets on the server's port (or `port`: another of its own, a router's metrics port) that its
         own process tree holds (socket inodes of its network namespace's table matched against the tree's
         `/proc/PID/fd` links): `[]` when nothing of the server listens there, whatever else does."""
         launch = launch or self.launch
-        main, key = launch.process, launch.key
+        key = launch.key
         port = launch.port if port is None else port
-        if port is None or main is None or key is None or not _running(main):
+        if port is None or key is None:
             return []
-        procfs = self._config.paths.procfs
-        sockets = netns.listeners(procfs, key.pid, port)
-        if not sockets:
+        return self._held(launch, netns.listeners(self._config.paths.procfs, key.pid, port) or []) or []
+
+    def _held(self, launch: Launch, sockets: list[netns.Socket]) -> list[netns.Socket] | None:
+        """Those of `sockets` that the server's running process tree holds; None when its fds cannot be read."""
+        main = launch.process
+        if not sockets or main is None or not _running(main):
             return []
-        pids = [main.pid, *self.table.descendants(main.pid)]
-        held = netns.socket_inodes(procfs, pids)
-        return [s for s in sockets if s.inode in held]
+        held = netns.socket_inodes(self._config.paths.procfs, [main.pid, *self.table.descendants(main.pid)])
+        return None if held is None else [s for s in sockets if s.inode in held]
 
     def _derived_probes(self, launch: Launch) -> tuple[ProbeTarget, ...]:
         """The health URL at an address of the server's own: in the exporter's network namespace its loopback
@@ -255,8 +264,7 @@ class Server:
         if port is None or launch.key is None or not self.engine.health_path:
             return ()  # no health URL (a router whose `/health` is a constant): never probed
         pid, procfs = launch.key.pid, self._config.paths.procfs
-        owned = [s.address for s in self.own_listeners(launch)] if launch.listening else []
-        binds = list(dict.fromkeys(owned)) or [host if _is_ip(host) else "127.0.0.1"]
+        binds = list(launch.listening or ()) or [host if _is_ip(host) else "127.0.0.1"]
         same = netns.same_netns(procfs, pid)
         if same is None:  # /proc/PID/ns/net needs ptrace rights: go by what runs the server
             same = launch.workload.runtime in ("host", "systemd")

@@ -22,6 +22,7 @@ from stallwatch.discovery.netns import (
     parse_tcp,
     run_in_netns,
     same_netns,
+    socket_inodes,
 )
 from support.paths import ROOT
 
@@ -186,6 +187,21 @@ def test_listening_none_when_unreadable(tmp_path: Path) -> None:
     (tmp_path / "proc/11/net/tcp6").unlink()
     (tmp_path / "proc/11/net/tcp6").write_text("")
     assert listening(procfs, 11, 8000) == []  # readable and empty is not unknown
+
+
+def test_socket_inodes_of_the_pids_it_can_read(tmp_path: Path) -> None:
+    """Sockets are credited to the processes whose fd links say so; None only when no fd folder could be read (no
+    ptrace rights), which the listening reading tells from a tree that holds nothing."""
+    procfs = fake_proc(tmp_path, 20, {})
+    fds = tmp_path / "proc/20/fd"
+    fds.mkdir()
+    for fd, target in (("3", "socket:[5120002]"), ("4", "/var/log/x.log"), ("5", "socket:[77]"), ("6", "pipe:[9]")):
+        (fds / fd).symlink_to(target)
+    fake_proc(tmp_path, 21, {})  # no fd folder: cannot be read
+    assert socket_inodes(procfs, [20, 21]) == {5120002, 77}
+    assert socket_inodes(procfs, [21, 22]) is None
+    (tmp_path / "proc/21/fd").mkdir()
+    assert socket_inodes(procfs, [21]) == set()  # read, and holds nothing
 
 
 @pytest.mark.parametrize("pid", ["../11", "-1", "", "11/net", True, None, 1.5])
