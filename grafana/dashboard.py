@@ -78,7 +78,7 @@ def panels() -> list[dict[str, Any]]:
             f"stallwatch_server_processes{{{SEL}}} > 0", "{{server}} {{state}}")],
               description="R running, S sleeping, D uninterruptible, Z zombie, T stopped."),
         panel("Log last-line and last-progress age", "timeseries", 0, 35, 12, 8, [
-            target(f"stallwatch_log_last_line_age_seconds{{{SEL}}}", "{{server}} {{path}}"),
+            target(f"stallwatch_log_last_line_age_seconds{{{SEL}}}\n{where('log', 'path')}", "{{server}} {{path}}"),
             target(f"stallwatch_stall_log_stale_threshold_seconds{{{SEL}}}", "{{server}} threshold", "B"),
             target(f"time() - stallwatch_log_last_progress_timestamp_seconds{{{SEL}}}", "{{server}} since progress",
                    "C"),
@@ -89,13 +89,13 @@ def panels() -> list[dict[str, Any]]:
             target(f"stallwatch_weight_shards_expected{{{SEL}}}", "{{server}} expected", "B"),
         ], description="Safetensors shards loaded in the current launch."),
         panel("Health probe and port", "timeseries", 0, 43, 12, 8, [
-            target(f"stallwatch_probe_success{{{SEL}}}", "{{server}} {{url}}"),
+            target(f"stallwatch_probe_success{{{SEL}}}\n{where('probe', 'url')}", "{{server}} {{url}}"),
             target(f"stallwatch_server_listening{{{SEL}}}", "{{server}} port {{port}} listening", "B"),
         ], description="1 when the last probe of the URL succeeded; 1 when the engine's port listens in the "
                        "server's own network namespace (0: it never opened).",
               options={"legend": {"showLegend": True}}),
         panel("Probe duration", "timeseries", 12, 43, 12, 8, [
-            target(f"stallwatch_probe_duration_seconds{{{SEL}}}", "{{server}} {{url}}"),
+            target(f"stallwatch_probe_duration_seconds{{{SEL}}}\n{where('probe', 'url')}", "{{server}} {{url}}"),
         ], unit="s"),
         panel("Log events (1h)", "timeseries", 0, 51, 12, 8, [target(
             f"sum by (server, event) (increase(stallwatch_log_events_total{{{SEL}}}[1h]))", "{{server}} {{event}}")],
@@ -186,6 +186,12 @@ DEPLOYMENT_ROW = "Deployments"
 MEMBER = "* on (job, instance, server) group_left ({labels}) stallwatch_deployment_member_info{{{selector}}}"
 
 
+def where(kind: str, label: str) -> str:
+    """The `* on ... group_left` that gives a probe's or a log's series where it is (`url`, `path`) from its info
+    series, which alone changes when a pod restarts."""
+    return f"* on (job, instance, server, {kind}) group_left ({label}) stallwatch_{kind}_info"
+
+
 def member(labels: str, role: str = "") -> str:
     """The `* on ... group_left` that gives a server's series its deployment's `labels` (only members: a server on
     one node has no member info and drops out); `role` keeps only the head or the workers."""
@@ -212,7 +218,7 @@ def deployment_panels(y: int) -> list[dict[str, Any]]:
                           "that never joined, its server not started, or its exporter not scraped by this "
                           "Prometheus (InferenceDeploymentIncomplete)."),
         panel("Deployment head: health probe and process", "timeseries", 0, y + 9, 8, 8, [
-            target(f"stallwatch_probe_success\n{member('deployment', 'head')}",
+            target(f"stallwatch_probe_success\n{where('probe', 'url')}\n{member('deployment', 'head')}",
                    "{{deployment}} head {{server}} {{url}}"),
             target(f"stallwatch:deployment_head_up:max{{{DEPL}}}", "{{deployment}} head up", "B"),
         ], description="The head's probe judges the whole deployment (SGLang's head /health generates through "

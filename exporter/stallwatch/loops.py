@@ -70,7 +70,7 @@ class PerServerLoops(Generic[K, W, S]):
     0), as docs/architecture.md lists them."""
 
     def __init__(self, step: Callable[[W, S], None], interval: Callable[[W], float], name: Callable[[W], str],
-                 new_state: Callable[[K], S], workers: int = POOL_WORKERS,
+                 new_state: Callable[[K, W], S], workers: int = POOL_WORKERS,
                  clock: Callable[[], float] = time.monotonic, pool: str = "loop pool") -> None:
         self._step, self._interval, self._name, self._new_state = step, interval, name, new_state
         self._workers, self._clock, self._pool = workers, clock, pool
@@ -90,7 +90,7 @@ class PerServerLoops(Generic[K, W, S]):
                     continue
                 if loop is not None:
                     loop.stop.set()
-                state = loop.state if loop is not None else self._new_state(key)
+                state = loop.state if loop is not None else self._new_state(key, work)
                 self._loops[key] = fresh = _Loop(work, state, threading.Event(), self._interval(work),
                                                  self._name(work))
                 self._schedule(fresh, self._clock())

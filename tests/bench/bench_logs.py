@@ -176,10 +176,10 @@ def live(tmp: Path, log: Path, mtail_seconds: float) -> None:
     exporter = follower(tmp, "live", target)
     try:
         size = log.stat().st_size
-        exporter.wait_for(lambda s: s.value("stallwatch_log_up", server="live", path=str(target)) == 1)
+        exporter.wait_for(lambda s: s.log("stallwatch_log_up", server="live", path=str(target)) == 1)
         start = time.perf_counter()
         shutil.copyfile(log, target)  # the same inode: appended to, as a server writes
-        exporter.wait_for(lambda s: (s.value("stallwatch_log_read_bytes_total", server="live", path=str(target))
+        exporter.wait_for(lambda s: (s.log("stallwatch_log_read_bytes_total", server="live", path=str(target))
                                      or 0) >= size, timeout=600, what="the whole log read")
         seconds = time.perf_counter() - start
     finally:
@@ -220,7 +220,7 @@ def grow(log: Path, grow_seconds: float, tmp: Path) -> None:
         time.sleep(1.5)
         cpu = sum(proc.cpu_times()[:2]) - cpu_before
         wall = time.monotonic() - start
-        read = exporter.scrape().value("stallwatch_log_read_bytes_total", server="grow", path=str(grow))
+        read = exporter.scrape().log("stallwatch_log_read_bytes_total", server="grow", path=str(grow))
         print(f"exporter following a log growing at {written / grow_seconds / 1e6:.1f} MB/s: "
               f"{100 * cpu / wall:.1f}% of one core over {wall:.0f} s, {read / 1e6:.0f} MB read  (target <= 25%)")
     finally:

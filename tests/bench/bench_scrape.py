@@ -58,7 +58,7 @@ def run(args: argparse.Namespace, tmp: Path, sim: Engine) -> None:
               f"      - {{url: 'http://127.0.0.1:{sim.port}/v1/models'}}\n")
     ours = Exporter(tmp, config=config, nvml={"gpus": nvml})
     ours.wait_for(lambda s: len(s.samples("stallwatch_server_gpu_memory_used_bytes")) == 8
-                  and s.value("stallwatch_probe_success", server="bench", url=f"http://127.0.0.1:{sim.port}/health"))
+                  and s.probe("stallwatch_probe_success", server="bench", url=f"http://127.0.0.1:{sim.port}/health"))
 
     binary = shutil.which("prometheus-process-exporter")
     assert binary, "apt-get install prometheus-process-exporter"

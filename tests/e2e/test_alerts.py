@@ -202,7 +202,8 @@ def test_containerized_stall_pages_and_containerized_idle_server_does_not(
         assert "Model moonshotai/Kimi-K2-Instruct, TP 4, kubernetes pod llm/kimi-0." in description
         # The idle pod serves, probed at its own address, its /metrics fetched there: nothing at all, for the
         # whole run.
-        assert query(f'stallwatch_probe_success{{server="llm/llama-0",url="http://{idle.address}:8000/health"}}')
+        assert query(f'stallwatch_probe_success{{server="llm/llama-0"}} == 1 and on (server, probe) '
+                     f'stallwatch_probe_info{{url="http://{idle.address}:8000/health"}}')
         assert query('stallwatch_engine_metrics_up{server="llm/llama-0"} == 1')
         assert query('ALERTS{server="llm/llama-0"}') == []
         assert not [a for a in hook.alerts if a["labels"].get("server") == "llm/llama-0"]

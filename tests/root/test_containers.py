@@ -69,14 +69,14 @@ def test_two_pods_on_one_port_are_two_servers_with_their_own_logs_and_phases(exp
     e = start(exporter, tmp_path)
     good_url = f"http://{healthy.address}:30000/health"
     scrape = e.wait_for(lambda s: phase(s, "llm/kimi-0") == "loading_weights"
-                        and s.value("stallwatch_probe_success", server="llm/qwen-0", url=good_url) == 1 and s,
+                        and s.probe("stallwatch_probe_success", server="llm/qwen-0", url=good_url) == 1 and s,
                         timeout=30, what="both pods, each with its own phase")
     assert phase(scrape, "llm/qwen-0") == "serving"
     assert scrape.value("stallwatch_weight_shards_loaded", server="llm/kimi-0") == 64
     assert scrape.value("stallwatch_weight_shards_expected", server="llm/kimi-0") == 64
     # Each has its own CRI log, by the node's path; the engine's text counted without the CRI framing.
     for pod in (stalled, healthy):
-        assert scrape.value("stallwatch_log_up", server=pod.name, path=pod.log_node_path) == 1
+        assert scrape.log("stallwatch_log_up", server=pod.name, path=pod.log_node_path) == 1
     assert info(scrape, "llm/kimi-0") == {
         "server": "llm/kimi-0", "engine": "sglang", "model": "moonshotai/Kimi-K2-Instruct", "tensor_parallel": "2",
         "runtime": "kubernetes", "namespace": "llm", "pod": "kimi-0", "container": "sglang",
@@ -85,7 +85,7 @@ def test_two_pods_on_one_port_are_two_servers_with_their_own_logs_and_phases(exp
     assert scrape.value("stallwatch_server_listening", server="llm/kimi-0", port="30000") == 0
     assert scrape.value("stallwatch_server_listening", server="llm/qwen-0", port="30000") == 1
     refused = f"http://{stalled.address}:30000/health"
-    assert scrape.value("stallwatch_probe_success", server="llm/kimi-0", url=refused) == 0
+    assert scrape.probe("stallwatch_probe_success", server="llm/kimi-0", url=refused) == 0
     # Each pod's process is watched once, under its pod's name (never merged as `sglang-30000`).
     by_container = {ls["container_id"]: ls["server"] for ls in scrape.labelsets("stallwatch_server_info")}
     assert {by_container.get(stalled.container_id), by_container.get(healthy.container_id)} == {
@@ -101,11 +101,42 @@ def test_kubelet_rotation_and_container_restart(exporter, tmp_path: Path, stack:
     pod.rotate()  # 0.log -> 0.log.<date>; the runtime reopens a fresh 0.log
     pod.restart(t.sglang_healthy(tp=1), final="serve")  # a new container: 1.log
     scrape = e.wait_for(lambda s: phase(s, "llm/r-0") == "serving"
-                        and s.value("stallwatch_log_up", server="llm/r-0", path=pod.log_node_path) == 1 and s,
+                        and s.log("stallwatch_log_up", server="llm/r-0", path=pod.log_node_path) == 1 and s,
                         timeout=40, what="the restarted container's log")
     assert pod.log_node_path.endswith("/1.log") and first.endswith("/0.log")
     assert info(scrape, "llm/r-0")["container_id"] == pod.container_id
     assert scrape.value("stallwatch_log_events_total", server="llm/r-0", event="server_restart") >= 1
+
+
+def _series(scrape: Scrape, server: str) -> set[tuple[str, tuple[tuple[str, str], ...]]]:
+    return {(sample.name, tuple(sorted(sample.labels.items()))) for family in scrape.families.values()
+            for sample in family.samples if sample.labels.get("server") == server}
+
+
+def test_a_container_restart_makes_two_new_series(exporter, tmp_path: Path, stack: contextlib.ExitStack) -> None:
+    """A container restart in a pod (a new container ID, the next `<n>.log`) made about 16 new series per server
+    (docs/research/fleet-scale.md): the probe's and the log's families carried the URL and the log path. Now only
+    `server_info` (the container ID) and `log_info` (the path) are new; the first restart adds its `server_restart`
+    event's series once, so the second one is counted."""
+    pod = stack.enter_context(Pod(tmp_path, "sglang", t.sglang_until_shards(tp=1, shards=8), namespace="llm",
+                                  pod="c-0", final="stall", tp=1, port=free_port()))
+    e = start(exporter, tmp_path)
+
+    def settled(s: Scrape) -> Scrape | None:
+        refused = s.value("stallwatch_probe_failures_total", server="llm/c-0", probe="health", reason="refused")
+        return s if (phase(s, "llm/c-0") == "loading_weights" and info(s, "llm/c-0")["container_id"] == pod.container_id
+                     and s.log("stallwatch_log_up", server="llm/c-0", path=pod.log_node_path) == 1
+                     and (refused or 0) >= 1 and s.value("stallwatch_weight_shards_loaded", server="llm/c-0") == 8
+                     ) else None
+
+    e.wait_for(settled, timeout=30, what="the first container")
+    pod.restart(t.sglang_until_shards(tp=1, shards=8))
+    before = _series(e.wait_for(settled, timeout=40, what="the second container"), "llm/c-0")
+    pod.restart(t.sglang_until_shards(tp=1, shards=8))
+    after = _series(e.wait_for(settled, timeout=40, what="the third container"), "llm/c-0")
+    new = after - before
+    assert sorted(name for name, _ in new) == ["stallwatch_log_info", "stallwatch_server_info"], new
+    assert dict(next(labels for name, labels in new if name == "stallwatch_log_info"))["path"] == pod.log_node_path
 
 
 def test_a_line_split_into_cri_partial_pieces_is_matched_whole(exporter, tmp_path: Path,
@@ -130,14 +161,14 @@ def test_docker_json_file_and_local_driver(exporter, tmp_path: Path, stack: cont
     e = start(exporter, tmp_path)
     url = f"http://{readable.address}:8000/health"
     # Its follower's first poll says why (log_up reads 0 before any poll, too); vllm-0's log read to its end.
-    scrape = e.wait_for(lambda s: s.value("stallwatch_probe_success", server="vllm-0", url=url) == 1
+    scrape = e.wait_for(lambda s: s.probe("stallwatch_probe_success", server="vllm-0", url=url) == 1
                         and s.value("stallwatch_weight_shards_loaded", server="vllm-0") == 30
                         and "not readable outside dockerd" in e.log.read_text() and s, timeout=30)
     assert phase(scrape, "vllm-0") == "serving"
     assert scrape.value("stallwatch_weight_shards_loaded", server="vllm-0") == 30  # its json-file log, decoded
     assert info(scrape, "vllm-0")["runtime"] == "docker" and info(scrape, "vllm-0")["container"] == "vllm-0"
-    assert scrape.value("stallwatch_log_up", server="vllm-0", path=readable.log_node_path) == 1
-    assert scrape.value("stallwatch_log_up", server="vllm-1", path="docker:vllm-1") == 0
+    assert scrape.log("stallwatch_log_up", server="vllm-0", path=readable.log_node_path) == 1
+    assert scrape.log("stallwatch_log_up", server="vllm-1", path="docker:vllm-1") == 0
 
 
 def test_systemd_unit_logs_from_the_journal(exporter, tmp_path: Path, stack: contextlib.ExitStack) -> None:
@@ -146,7 +177,7 @@ def test_systemd_unit_logs_from_the_journal(exporter, tmp_path: Path, stack: con
     env = {**unit.env, "PATH": f"{SIM_BIN}:{os.environ['PATH']}"}  # the stand-in journalctl
     e = start(exporter, tmp_path, env=env)
     scrape = e.wait_for(lambda s: phase(s, "kimi.service") == "loading_weights" and s, timeout=30)
-    assert scrape.value("stallwatch_log_up", server="kimi.service", path="journal:kimi.service") == 1
+    assert scrape.log("stallwatch_log_up", server="kimi.service", path="journal:kimi.service") == 1
     assert scrape.value("stallwatch_weight_shards_loaded", server="kimi.service") == 8
     assert info(scrape, "kimi.service")["unit"] == "kimi.service"
 
@@ -171,7 +202,7 @@ def test_file_log_inside_the_containers_own_mount_namespace(exporter, tmp_path: 
     name = f"sglang-{port}"
     scrape = e.wait_for(lambda s: phase(s, name) == "loading_weights" and s, timeout=30)
     assert not (private / "engine.log").exists()  # not in the exporter's mount namespace
-    assert scrape.value("stallwatch_log_up", server=name, path=f"{private}/engine.log") == 1
+    assert scrape.log("stallwatch_log_up", server=name, path=f"{private}/engine.log") == 1
     assert scrape.value("stallwatch_weight_shards_loaded", server=name) == 8
 
 
@@ -185,11 +216,11 @@ def test_server_on_loopback_only_inside_its_pod(exporter, tmp_path: Path, stack:
     e = start(exporter, tmp_path, extra=f"probe: {{enter_netns: {str(enter_netns).lower()}}}\n")
     url = "http://127.0.0.1:30000/health"
     if enter_netns:
-        scrape = e.wait_for(lambda s: s.value("stallwatch_probe_success", server="llm/lo-0", url=url) == 1 and s,
+        scrape = e.wait_for(lambda s: s.probe("stallwatch_probe_success", server="llm/lo-0", url=url) == 1 and s,
                             timeout=30, what="a probe from inside the pod's network namespace")
-        assert scrape.value("stallwatch_probe_failures_total", server="llm/lo-0", url=url, reason="unreachable") == 0
+        assert scrape.probe("stallwatch_probe_failures_total", server="llm/lo-0", url=url, reason="unreachable") == 0
     else:
-        scrape = e.wait_for(lambda s: (s.value("stallwatch_probe_failures_total", server="llm/lo-0", url=url,
+        scrape = e.wait_for(lambda s: (s.probe("stallwatch_probe_failures_total", server="llm/lo-0", url=url,
                                                reason="unreachable") or 0) >= 2 and s, timeout=30)
         # (other servers that run on this machine may have samples)
         assert all(labels["server"] != "llm/lo-0" for labels in scrape.labelsets("stallwatch_probe_success"))

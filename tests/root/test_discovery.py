@@ -133,7 +133,7 @@ def test_a_user_namespace_address_is_never_dialled_from_the_node(exporter, tmp_p
                                           claim], cwd=shared_dir)
             try:
                 name = f"vllm-{port}"
-                e.wait_for(lambda s: (s.value("stallwatch_probe_failures_total", server=name,
+                e.wait_for(lambda s: (s.probe("stallwatch_probe_failures_total", server=name,
                                               url=f"http://{victim.address}:{port}/health", reason="unreachable")
                                       or 0) >= 3, timeout=20, what="the neighbour's probe counted unreachable")
                 assert seen.read_text() == "", "the exporter dialled the victim"

@@ -12,7 +12,7 @@ PACKAGE = ROOT / "exporter" / "stallwatch"
 
 # Bottom to top, as in docs/architecture.md; a module may import its own layer's modules and those below it.
 LAYERS = (
-    ("stallwatch", "stallwatch.text", "stallwatch.procfs", "stallwatch.loops"),
+    ("stallwatch", "stallwatch.text", "stallwatch.procfs", "stallwatch.loops", "stallwatch.stable_names"),
     ("stallwatch.engines",),
     ("stallwatch.config",),
     ("stallwatch.logs",),

@@ -118,6 +118,19 @@ class Scrape:
     def labelsets(self, name: str) -> list[dict[str, str]]:
         return [s.labels for s in self.samples(name)]
 
+    def probe(self, metric: str, /, server: str, url: str, **labels: str) -> float | None:
+        """`metric` of the server's probe that gets `url` (its `probe_info`); None when no probe gets it."""
+        return self._of("probe", "url", metric, server, url, labels)
+
+    def log(self, metric: str, /, server: str, path: str, **labels: str) -> float | None:
+        """`metric` of the server's log at `path` (its `log_info`); None when no log of the server is there."""
+        return self._of("log", "path", metric, server, path, labels)
+
+    def _of(self, kind: str, where: str, metric: str, server: str, at: str, labels: dict[str, str]) -> float | None:
+        names = [ls[kind] for ls in self.labelsets(f"stallwatch_{kind}_info")
+                 if ls["server"] == server and ls[where] == at]
+        return self.value(metric, server=server, **{kind: names[0]}, **labels) if names else None
+
     def phase(self, server: str) -> str | None:
         """The server's current startup phase, None when it has none."""
         return next((s.labels["phase"] for s in self.samples("stallwatch_startup_phase")

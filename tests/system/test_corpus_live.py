@@ -109,7 +109,7 @@ def test_every_real_log_read_live_as_the_expert_reads_it(tmp_path: Path, health:
             hogs = [subprocess.Popen([sys.executable, "-c", HOG]) for _ in range(3 * (os.cpu_count() or 1))]
         _append_over(logs, seconds=0.0 if busy else 3.0)
         # Every byte read live (the files were empty when the followers opened them): then the process goes.
-        e.wait_for(lambda s: all(s.value("stallwatch_log_read_bytes_total", server=n, path=str(p)) == len(data)
+        e.wait_for(lambda s: all(s.log("stallwatch_log_read_bytes_total", server=n, path=str(p)) == len(data)
                                  for n, (p, data) in zip(names, logs, strict=True)), timeout=30,
                    what="every log read to its end")
         for proc, r in zip(sleepers, READINGS, strict=True):

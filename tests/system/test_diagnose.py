@@ -262,7 +262,7 @@ def test_a_discovered_server_stopped_on_request_reads_stopped(tmp_path: Path, ex
     sim = engine("sglang", transcripts.sglang_healthy(1), final="serve", tp=1,
                  on_sigterm=transcripts.real("sglang-sigterm-group-stop.log"))
     e.wait_for(lambda s: s.value("stallwatch_startup_phase", server=sim.name, phase="serving") == 1
-               and s.value("stallwatch_log_up", server=sim.name, path=str(sim.log)) == 1,
+               and s.log("stallwatch_log_up", server=sim.name, path=str(sim.log)) == 1,
                what="the engine serving, its log followed")
     sim.terminate()
     _gone(e, sim, stop_requested=1)

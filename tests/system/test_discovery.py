@@ -137,7 +137,7 @@ def test_non_utf8_host_model_and_stdout_name_never_fail_a_page(exporter, engine)
     sim = engine("sglang", sglang_until_shards(tp=1), tp=1, log_name="out-\udcff.log",  # the byte 0xff
                  args=("--host", "\udcfe", "--host", "127.0.0.1"))
     scrape = e.wait_for(lambda s: s.value("stallwatch_log_up", server=sim.name) == 1 and s, what="its log")
-    assert scrape.value("stallwatch_log_up", server=sim.name, path=str(sim.log).replace("\udcff", "\\xff")) == 1
+    assert scrape.log("stallwatch_log_up", server=sim.name, path=str(sim.log).replace("\udcff", "\\xff")) == 1
     assert e.get("/")[0] == 200
     sim.stop()  # the values stay while the server is remembered
     e.wait_for(lambda s: s.value("stallwatch_server_up", server=sim.name) == 0, what="server down")
@@ -192,9 +192,9 @@ def test_probe_url_never_takes_a_name_or_path_from_argv(exporter, engine) -> Non
     sim = engine("llamacpp", llamacpp_healthy(), final="serve", tp=1,
                  args=("--host", "127.0.0.1/admin/x?y=", "--host", "127.0.0.1"))
     url = f"http://127.0.0.1:{sim.port}/health"
-    scrape = e.wait_for(lambda s: s.value("stallwatch_probe_success", server=sim.name, url=url) == 1 and s,
+    scrape = e.wait_for(lambda s: s.probe("stallwatch_probe_success", server=sim.name, url=url) == 1 and s,
                         what="the probe of its own address")
-    assert [ls["url"] for ls in scrape.labelsets("stallwatch_probe_success") if ls["server"] == sim.name] == [url]
+    assert [ls["url"] for ls in scrape.labelsets("stallwatch_probe_info") if ls["server"] == sim.name] == [url]
 
 
 def test_gone_servers_are_dropped_with_their_threads_and_series(exporter, engine) -> None:
@@ -368,7 +368,7 @@ def test_a_main_process_that_execs_is_read_anew(exporter, engine, tmp_path: Path
     e.wait_for(lambda s: s.value("stallwatch_server_up", server=name) == 1, what="the process before its exec")
     go.touch()
     scrape = e.wait_for(lambda s: s.value("stallwatch_server_listening", server=name, port=str(sim.port)) == 1
-                        and s.value("stallwatch_probe_success", server=name,
+                        and s.probe("stallwatch_probe_success", server=name,
                                     url=f"http://127.0.0.1:{sim.port}/health") == 1 and s,
                         timeout=20, what="the port and probe of the program it exec'd")
     assert scrape.value("stallwatch_startup_phase", server=name, phase="serving") == 1
@@ -382,7 +382,7 @@ def test_a_shell_scripts_process_is_not_the_server_it_starts(exporter, engine, t
     e = exporter(config=FAST_REMEMBERING)
     sim = engine("vllm", t.vllm_healthy(tp=1), final="serve", tp=1, work={"running": 0, "waiting": 0},
                  shell="sleep 1")
-    e.wait_for(lambda s: s.value("stallwatch_probe_success", server=sim.name,
+    e.wait_for(lambda s: s.probe("stallwatch_probe_success", server=sim.name,
                                  url=f"http://127.0.0.1:{sim.port}/health") == 1, timeout=20,
                what="the program the script execs")
     assert f"(pid {sim.proc.pid}, host)" in e.log.read_text()

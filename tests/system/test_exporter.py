@@ -339,10 +339,10 @@ def test_sglang_tree_discovered_with_roles_states_and_gpu_memory(exporter, engin
                for ls in scrape.labelsets("stallwatch_process_threads") if ls["server"] == sim.name)
     # The health URL derived from --port: refused while "loading".
     url = f"http://127.0.0.1:{sim.port}/health"
-    scrape = e.wait_for(lambda s: (s.value("stallwatch_probe_failures_total", server=sim.name, url=url,
+    scrape = e.wait_for(lambda s: (s.probe("stallwatch_probe_failures_total", server=sim.name, url=url,
                                            reason="refused") or 0) >= 1 and s)
-    assert scrape.value("stallwatch_probe_success", server=sim.name, url=url) == 0
-    assert scrape.value("stallwatch_probe_http_status_code", server=sim.name, url=url) == 0
+    assert scrape.probe("stallwatch_probe_success", server=sim.name, url=url) == 0
+    assert scrape.probe("stallwatch_probe_http_status_code", server=sim.name, url=url) == 0
     # The log file comes from the main process's stdout.
     assert str(sim.log) in e.get("/")[1]
     # NVML's process list, matched against the tree: each scheduler holds 76 GB on its GPU.
@@ -387,10 +387,10 @@ def test_vllm_serving_probe_succeeds(exporter, engine) -> None:
     sim = engine("vllm", vllm_healthy(), final="serve", tp=2)
     e = exporter()
     url = f"http://127.0.0.1:{sim.port}/health"
-    scrape = e.wait_for(lambda s: s.value("stallwatch_probe_success", server=sim.name, url=url) == 1 and s,
+    scrape = e.wait_for(lambda s: s.probe("stallwatch_probe_success", server=sim.name, url=url) == 1 and s,
                         timeout=20)
-    assert scrape.value("stallwatch_probe_http_status_code", server=sim.name, url=url) == 200
-    assert abs(scrape.value("stallwatch_probe_last_success_timestamp_seconds", server=sim.name, url=url)
+    assert scrape.probe("stallwatch_probe_http_status_code", server=sim.name, url=url) == 200
+    assert abs(scrape.probe("stallwatch_probe_last_success_timestamp_seconds", server=sim.name, url=url)
                - time.time()) < 60
     e.wait_for(lambda s: {"main", "EngineCore", "Worker_TP0", "Worker_TP1"} <= {
         ls["process"] for ls in s.labelsets("stallwatch_process_threads") if ls["server"] == sim.name})
@@ -406,7 +406,7 @@ def test_probe_outcomes(exporter, target: str) -> None:
                  f"    match: {{cmdline: 'no-such-process-{free_port()}'}}\n    probes:\n{probes}")
 
     def value(s: Scrape, metric: str, key: str, **labels: str) -> float | None:
-        return s.value(metric, server="probed", url=urls[key], **labels)
+        return s.probe(metric, server="probed", url=urls[key], **labels)
 
     scrape = e.wait_for(lambda s: all(value(s, "stallwatch_probe_success", k) is not None for k in urls) and s,
                         what="every probe to finish once")
@@ -432,7 +432,7 @@ def test_promtool_check_metrics_on_live_scrape(exporter, engine, tmp_path: Path)
     sim = engine("sglang", sglang_until_shards(tp=2), tp=2)
     e = exporter(nvml={"gpus": gpus(2)})
     scrape = e.wait_for(lambda s: s.value("stallwatch_server_up", server=sim.name) == 1 and
-                        s.value("stallwatch_probe_success", server=sim.name,
+                        s.probe("stallwatch_probe_success", server=sim.name,
                                 url=f"http://127.0.0.1:{sim.port}/health") is not None and s)
     result = subprocess.run([promtool, "check", "metrics"], input=scrape.text, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr

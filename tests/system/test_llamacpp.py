@@ -49,7 +49,7 @@ def test_a_clean_stop_then_a_restart_in_the_same_log(exporter, llama) -> None:
     first = llama()
     first.wait_healthy()
     e.wait_for(lambda s: phase(s, first.name) == "serving"
-               and s.value("stallwatch_log_up", server=first.name, path=str(first.log)) == 1, timeout=20,
+               and s.log("stallwatch_log_up", server=first.name, path=str(first.log)) == 1, timeout=20,
                what="serving, its log followed")
     first.signal(signal.SIGINT)
     assert first.wait() == 0
@@ -90,7 +90,7 @@ def test_a_model_that_fails_to_load_is_failed(exporter, llama, tmp_path: Path) -
     log.write_bytes(b"")
     e = exporter(config=CONFIG + f"servers:\n  - {{name: tiny, engine: llamacpp, logs: ['{log}']}}\n")
     # Followed before the server writes: what it writes then is news (lines already there would be old news).
-    e.wait_for(lambda s: s.value("stallwatch_log_up", server="tiny", path=str(log)) == 1, what="the log followed")
+    e.wait_for(lambda s: s.log("stallwatch_log_up", server="tiny", path=str(log)) == 1, what="the log followed")
     bad = tmp_path / "not-a-model.gguf"
     bad.write_bytes(b"not a gguf file\n" * 8)
     server = llama(model=bad, log=log)

@@ -55,7 +55,7 @@ def test_ten_load_and_unload_cycles_of_three_models_are_one_server_that_raises_n
     assert _series(scrape, runners) == []
     assert scrape.value("stallwatch_server_up", server=sim.name) == 1
     assert _phase(scrape, sim.name) == "serving"
-    assert scrape.value("stallwatch_probe_success", server=sim.name, url=f"http://127.0.0.1:{sim.port}/") == 1
+    assert scrape.probe("stallwatch_probe_success", server=sim.name, url=f"http://127.0.0.1:{sim.port}/") == 1
     events = {ls["event"]: scrape.value("stallwatch_log_events_total", **ls)
               for ls in scrape.labelsets("stallwatch_log_events_total") if ls["server"] == sim.name}
     assert events and not any(events.values()), events

@@ -59,14 +59,14 @@ def test_growing_log_age_drops_within_a_second(exporter, tmp_path: Path) -> None
     log.write_bytes(b"")
     e = exporter(config=f"servers:\n  - name: grow\n    engine: sglang\n    match: {{cmdline: no-such-xyz}}\n"
                         f"    logs: ['{log}']\n    probes: []\n")
-    e.wait_for(lambda s: s.value("stallwatch_log_up", server="grow", path=str(log)) == 1)
+    e.wait_for(lambda s: s.log("stallwatch_log_up", server="grow", path=str(log)) == 1)
     time.sleep(1.5)  # let the age grow past a second first
     with open(log, "ab") as f:
         f.write(b"[2026-11-20 09:14:02] server_args=ServerArgs(model_path='m')\n")
-    e.wait_for(lambda s: s.value("stallwatch_log_last_line_age_seconds", server="grow", path=str(log)) < 1,
+    e.wait_for(lambda s: s.log("stallwatch_log_last_line_age_seconds", server="grow", path=str(log)) < 1,
                what="last_line_age < 1 s")
     scrape = e.scrape()
-    assert scrape.value("stallwatch_log_lines_total", server="grow", path=str(log)) == 1
+    assert scrape.log("stallwatch_log_lines_total", server="grow", path=str(log)) == 1
     assert phase_of(scrape, "grow") == "launching"
 
 
@@ -77,12 +77,12 @@ def test_seed_stall_after_64_of_64_shards(exporter, engine) -> None:
                         what="shard progress")
     assert phase_of(scrape, sim.name) == "loading_weights"
     assert scrape.value("stallwatch_weight_shards_expected", server=sim.name) == 64
-    assert scrape.value("stallwatch_log_up", server=sim.name, path=str(sim.log)) == 1
-    assert scrape.value("stallwatch_log_size_bytes", server=sim.name, path=str(sim.log)) == sim.log.stat().st_size
+    assert scrape.log("stallwatch_log_up", server=sim.name, path=str(sim.log)) == 1
+    assert scrape.log("stallwatch_log_size_bytes", server=sim.name, path=str(sim.log)) == sim.log.stat().st_size
     assert all(scrape.value("stallwatch_log_events_total", server=sim.name, event=ev) == 0
                for ev in ("fatal", "nccl_timeout", "oom", "stall_warning", "server_restart"))
-    first = scrape.value("stallwatch_log_last_line_age_seconds", server=sim.name, path=str(sim.log))
-    e.wait_for(lambda s: s.value("stallwatch_log_last_line_age_seconds", server=sim.name, path=str(sim.log))
+    first = scrape.log("stallwatch_log_last_line_age_seconds", server=sim.name, path=str(sim.log))
+    e.wait_for(lambda s: s.log("stallwatch_log_last_line_age_seconds", server=sim.name, path=str(sim.log))
                >= first + 1, what="the log age to grow")
 
 
@@ -111,7 +111,7 @@ def test_probe_success_means_serving_without_a_readable_log(exporter, engine, tm
     # The first probe can answer before the log follower's first pass: wait for both.
     scrape = e.wait_for(lambda s: phase_of(s, "blind") == "serving" and s.value("stallwatch_log_up", server="blind")
                         is not None and s, what="serving from the probe")
-    assert scrape.value("stallwatch_log_up", server="blind", path=f"{tmp_path}/missing.log") == 0
+    assert scrape.log("stallwatch_log_up", server="blind", path=f"{tmp_path}/missing.log") == 0
 
 
 def test_exporter_restart_recovers_phase_from_existing_log(exporter, engine) -> None:
@@ -123,8 +123,8 @@ def test_exporter_restart_recovers_phase_from_existing_log(exporter, engine) -> 
     scrape = second.wait_for(lambda s: phase_of(s, sim.name) == "serving" and s, what="recovered phase")
     assert scrape.value("stallwatch_weight_shards_loaded", server=sim.name) == 64
     assert scrape.value("stallwatch_log_events_total", server=sim.name, event="fatal") == 0
-    assert scrape.value("stallwatch_log_read_bytes_total", server=sim.name, path=str(sim.log)) == 0
-    age = scrape.value("stallwatch_log_last_line_age_seconds", server=sim.name, path=str(sim.log))
+    assert scrape.log("stallwatch_log_read_bytes_total", server=sim.name, path=str(sim.log)) == 0
+    age = scrape.log("stallwatch_log_last_line_age_seconds", server=sim.name, path=str(sim.log))
     assert age >= time.time() - sim.log.stat().st_mtime - 1
 
 
@@ -144,12 +144,12 @@ def test_servers_sharing_a_stdout_file_do_not_take_each_others_relaunches_and_fa
 
     def all_read(s: Scrape) -> Scrape | None:
         path = str(looping.log)
-        read = (s.value("stallwatch_log_size_bytes", server=healthy.name, path=path) == looping.log.stat().st_size
-                and s.value("stallwatch_log_backlog_bytes", server=healthy.name, path=path) == 0)
+        read = (s.log("stallwatch_log_size_bytes", server=healthy.name, path=path) == looping.log.stat().st_size
+                and s.log("stallwatch_log_backlog_bytes", server=healthy.name, path=path) == 0)
         return s if read and _phase(s, healthy.name) == "serving" else None
 
     scrape = e.wait_for(all_read, timeout=60, what="the shared file read to its end, the healthy server serving")
     for name in (healthy.name, looping.name):
-        assert scrape.value("stallwatch_log_shared", server=name, path=str(looping.log)) == 1, name
+        assert scrape.log("stallwatch_log_shared", server=name, path=str(looping.log)) == 1, name
     for event in ("server_restart", "fatal"):
         assert scrape.value("stallwatch_log_events_total", server=healthy.name, event=event) == 0, event

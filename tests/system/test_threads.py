@@ -70,7 +70,7 @@ def test_the_running_threads_are_the_documented_ones(exporter, engine) -> None:
     e = exporter(nvml={"gpus": gpus(2)}, config="web: {show_evidence: true}\n")
     url = f"http://127.0.0.1:{sim.port}/health"
     # Probed: the server is watched, so both pools (probes, engine pages) have threads.
-    e.wait_for(lambda s: s.value("stallwatch_probe_success", server=sim.name, url=url) == 1, timeout=30,
+    e.wait_for(lambda s: s.probe("stallwatch_probe_success", server=sim.name, url=url) == 1, timeout=30,
                what="the simulated engine probed")
 
     seen: dict[str, list[str]] = {}  # each name seen in any dump, with its frames then (`Thread-N` names are unique)

@@ -65,7 +65,7 @@ class Steps:
             with self._lock:
                 self._running[work.key] -= 1
 
-    def new_state(self, key: str) -> State:
+    def new_state(self, key: str, _work: Work) -> State:
         self.new_states[key] += 1
         return State(key)
 

@@ -25,8 +25,8 @@ class Family:
 
 GPU = ("gpu", "uuid")
 PROC = ("server", "process")
-LOG = ("server", "path")
-PROBE = ("server", "url")
+LOG = ("server", "log")  # `log`, `probe`: stable names (stallwatch.stable_names); where they are in *_info
+PROBE = ("server", "probe")
 ENGINE = ("server", "source")
 
 CATALOG: dict[str, Family] = {
@@ -97,6 +97,8 @@ CATALOG: dict[str, Family] = {
         "gauge", "Resident memory of the processes of this role.", PROC, detail=True),
     "process_threads": Family("gauge", "Threads of the processes of this role.", PROC, detail=True),
     # Logs
+    "log_info": Family("gauge", "Where the server's log is: the node's path of the file, or journal:<unit>; always 1.",
+                       (*LOG, "path")),
     "log_up": Family("gauge", "1 when the log file is readable.", LOG),
     "log_size_bytes": Family("gauge", "Current size of the log file, bytes.", LOG, detail=True),
     "log_read_bytes_total": Family(
@@ -145,6 +147,7 @@ CATALOG: dict[str, Family] = {
     # Not `weight_shards_total`: a `_total` name is a counter's (OpenMetrics; `promtool check metrics` says so).
     "weight_shards_expected": Family("gauge", "Weight shards to load in the current launch.", ("server",)),
     # Probes
+    "probe_info": Family("gauge", "The URL the server's probe gets; always 1.", (*PROBE, "url")),
     "probe_success": Family("gauge", "1 when the last probe succeeded.", PROBE),
     "probe_duration_seconds": Family("gauge", "Duration of the last probe.", PROBE),
     "probe_http_status_code": Family("gauge", "HTTP status of the last probe; 0 when none came.", PROBE, detail=True),

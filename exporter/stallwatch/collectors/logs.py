@@ -1,5 +1,5 @@
-"""Logs collector: per-file size, bytes, lines, backlog, skipped bytes, sharing, growth time and readability;
-notable events per server."""
+"""Logs collector: per log (its stable name) size, bytes, lines, backlog, skipped bytes, sharing, growth time and
+readability, and where it is in `log_info`; notable events per server."""
 
 from __future__ import annotations
 
@@ -24,11 +24,12 @@ class LogsCollector:
         read, lines = family("log_read_bytes_total"), family("log_lines_total")
         last, age = family("log_last_line_timestamp_seconds"), family("log_last_line_age_seconds")
         backlog, skipped = family("log_backlog_bytes"), family("log_skipped_bytes_total")
-        shared = family("log_shared")
+        shared, where = family("log_shared"), family("log_info")
         self.manager.check()
         now = self._wall()
         for stats in self.manager.stats():
-            labels = [stats.server, stats.path]
+            labels = [stats.server, stats.log]
+            where.add_metric([*labels, stats.path], 1.0)
             up.add_metric(labels, 1.0 if stats.up else 0.0)
             if stats.size is not None:
                 size.add_metric(labels, float(stats.size))
@@ -50,7 +51,7 @@ class LogsCollector:
                 last_event.add_metric([look.name, event], at)
             if look.log.progress is not None:
                 progress.add_metric([look.name], look.log.progress)
-        yield from (up, size, read, lines, backlog, skipped, shared, last, age, events, last_event, progress)
+        yield from (where, up, size, read, lines, backlog, skipped, shared, last, age, events, last_event, progress)
 
 
 COLLECTOR = Registration(

@@ -1,4 +1,5 @@
-"""Probe collector: results of the HTTP probes that `signals.probes` runs in the background."""
+"""Probe collector: results of the HTTP probes that `signals.probes` runs in the background, by each probe's stable
+name, and the URL each gets in `probe_info`."""
 
 from __future__ import annotations
 
@@ -19,9 +20,10 @@ class ProbeCollector:
     def collect(self) -> Iterator[Metric]:
         success, duration = family("probe_success"), family("probe_duration_seconds")
         status, last = family("probe_http_status_code"), family("probe_last_success_timestamp_seconds")
-        failures = family("probe_failures_total")
+        failures, where = family("probe_failures_total"), family("probe_info")
         for state in self.manager.states():
-            labels = [state.server, state.url]
+            labels = [state.server, state.name]
+            where.add_metric([*labels, state.url], 1.0)
             for reason in REASONS:
                 failures.add_metric([*labels, reason], float(state.failures[reason]))
             result = state.last
@@ -32,7 +34,7 @@ class ProbeCollector:
             status.add_metric(labels, float(result.status))
             if state.last_success is not None:
                 last.add_metric(labels, state.last_success)
-        yield from (success, duration, status, last, failures)
+        yield from (where, success, duration, status, last, failures)
 
 
 COLLECTOR = Registration("probe", ProbeSettings, lambda runtime, _: ProbeCollector(required(runtime.probes, "probe")),

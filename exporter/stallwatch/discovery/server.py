@@ -42,6 +42,7 @@ from stallwatch.logs.follow import HeldLogs
 from stallwatch.logs.interpret import LogInterpreter, PhaseSnapshot
 from stallwatch.logs.source import LogSource
 from stallwatch.logs.tail import LogTail
+from stallwatch.stable_names import distinct
 from stallwatch.text import printable
 
 TREE_CACHE_SECONDS = 0.5  # GPU and process collectors of one scrape share one read of the tree
@@ -54,6 +55,7 @@ class ProbeTarget:
 
     probe: Probe
     netns_pid: int | None = None
+    name: str = "health"  # its label, the same across restarts; the URL (a pod IP) is in `probe_info`
     # Derived from the server's command line: made only while its own tree holds a LISTEN socket on the
     # port, so that a `--port` in another user's argv never makes the exporter probe someone else's port.
     derived: bool = False
@@ -131,7 +133,9 @@ class Server:
         self._config = config
         self._lock = threading.Lock()
         self._tree: tuple[float, _TreeReading] = (float("-inf"), NOT_READ)
-        self.launch = Launch(probes=tuple(ProbeTarget(p) for p in spec.probes or ()),
+        configured = spec.probes or ()
+        self.launch = Launch(probes=tuple(ProbeTarget(p, name=name) for p, name in
+                                          zip(configured, distinct("health" for _ in configured), strict=True)),
                              log_sources=tuple(LogSource(p, p) for p in spec.logs))
         # Kept from the first line read (a tap set later would miss the replayed start), only where it is shown.
         self.tail = LogTail() if config.web.show_evidence else None

@@ -43,6 +43,7 @@ class FileStats:
     """A log's figures at one moment of its follower: published whole, never a mix of two polls."""
 
     server: str
+    log: str  # its stable name (`LogSource.name`)
     path: str
     up: bool
     size: int | None
@@ -72,14 +73,14 @@ class Follower:
         self._backlog = 0
         self._skipped = 0
         self._shared_with: frozenset[str] = frozenset()
-        self._stats = FileStats(server, self.path, False, None, 0, 0, None)
+        self._stats = FileStats(server, source.name, self.path, False, None, 0, 0, None)
 
     def stats(self) -> FileStats:
         return self._stats
 
     def _publish(self) -> None:
-        self._stats = FileStats(self.server, self.path, self._up, self._size, self._read_bytes, self._lines,
-                                self._last_growth, self._backlog, self._skipped, bool(self._shared_with))
+        self._stats = FileStats(self.server, self.source.name, self.path, self._up, self._size, self._read_bytes,
+                                self._lines, self._last_growth, self._backlog, self._skipped, bool(self._shared_with))
 
     def mark_down(self, exc: Exception) -> None:
         self._up = False

@@ -236,8 +236,8 @@ class EnginePageManager:
     def __init__(self, interval: float, timeout: float, wall: Callable[[], float] = time.time) -> None:
         self.interval, self.timeout, self._wall = interval, timeout, wall
         self._loops: PerServerLoops[str, Server, PageState] = PerServerLoops(
-            self._step, lambda _: self.interval, lambda server: f"engine metrics {server.name}", PageState,
-            pool="engine page pool")
+            self._step, lambda _: self.interval, lambda server: f"engine metrics {server.name}",
+            lambda name, _: PageState(name), pool="engine page pool")
 
     def reconcile(self, servers: list[Server]) -> None:
         self._loops.reconcile({s.name: s for s in servers})  # a relaunch keeps the state: the counter goes on

@@ -25,6 +25,7 @@ from stallwatch.logs.budget import READ_LIMITS, ReadBudget, ReadLimits
 from stallwatch.logs.configured import expand, owners_for
 from stallwatch.logs.follow import FileStats, Follower, JournalLog, LogFile
 from stallwatch.logs.shared import WriterFilter
+from stallwatch.logs.source import named
 from stallwatch.loops import run_every
 
 log = logging.getLogger(__name__)
@@ -96,7 +97,7 @@ class LogManager:
         """One pass over every watched server's logs: whether some file was left with more to read."""
         servers = self.watcher.servers()
         wanted = {(s.name, source.path): (s, source) for s in servers
-                  for source in expand(s.launch.log_sources, owners_for(s.launch.uid))}
+                  for source in named(expand(s.launch.log_sources, owners_for(s.launch.uid)))}
         with self._lock:
             for key in set(self._files) - set(wanted):
                 self._files.pop(key).close()

@@ -1,5 +1,5 @@
-"""HTTP probes of each server's health URLs, one loop per (server, URL) on a pool of `loops.POOL_WORKERS` threads
-(never inside a scrape).
+"""HTTP probes of each server's health URLs, one loop per (server, probe name) on a pool of `loops.POOL_WORKERS`
+threads (never inside a scrape).
 
 Like blackbox_exporter's http prober: no redirects followed (3xx fails), at most 64 KiB of the body read,
 and every failure classified as `refused`, `timeout`, `http_status` or `error`. A server that listens on
@@ -148,7 +148,8 @@ def _read_body(response: http.client.HTTPResponse, start: float, timeout: float,
 @dataclass
 class ProbeState:
     server: str
-    url: str
+    name: str  # the probe's stable name (`ProbeTarget.name`)
+    url: str  # what it gets now: a pod's restart moves it, the same loop and counters go on
     last: Result | None = None
     last_success: float | None = None
     failures: Counter[str] = field(default_factory=Counter)
@@ -157,17 +158,17 @@ class ProbeState:
 
 
 class ProbeManager:
-    """Keeps one probe loop per (server, URL); follows the watcher as servers come and go."""
+    """Keeps one probe loop per (server, probe name); follows the watcher as servers come and go."""
 
     def __init__(self, procfs: str = "/proc", enter_netns: bool = False, wall: Callable[[], float] = time.time) -> None:
         self._procfs, self._enter_netns, self._wall = procfs, enter_netns, wall
         self._loops: PerServerLoops[tuple[str, str], tuple[ProbeTarget, Server], ProbeState] = PerServerLoops(
             self._step, lambda work: work[0].probe.interval, lambda work: f"probe {work[0].probe.url}",
-            lambda key: ProbeState(*key), pool="probe pool")
+            lambda key, work: ProbeState(*key, url=work[0].probe.url), pool="probe pool")
 
     def reconcile(self, servers: list[Server]) -> None:
-        # Keep the counters when only interval or timeout changed: they must never go back.
-        self._loops.reconcile({(s.name, p.probe.url): (p, s) for s in servers for p in s.launch.probes})
+        # Keep the counters when the URL, interval or timeout changed: they must never go back.
+        self._loops.reconcile({(s.name, p.name): (p, s) for s in servers for p in s.launch.probes})
 
     def probe_now(self, target: ProbeTarget, server: Server, within: float | None = None) -> tuple[Result | None, str]:
         """One probe of `target` now, by the prober's rules, in its timeout or `within` seconds if sooner: the result
@@ -181,7 +182,7 @@ class ProbeManager:
     def _step(self, work: tuple[ProbeTarget, Server], state: ProbeState) -> None:
         result, unreachable = self.probe_now(*work)
         with state.lock:
-            state.last, state.unreachable = result, unreachable
+            state.url, state.last, state.unreachable = work[0].probe.url, result, unreachable
             if result is not None and result.success:
                 state.last_success = self._wall()
             else:

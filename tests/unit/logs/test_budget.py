@@ -92,7 +92,8 @@ def test_the_collector_exports_the_backlog_and_the_skipped_bytes(tmp_path: Path)
         f.write(line * 2)
     follower.poll()  # 2 MiB behind: 1 MiB read, 1 MiB left
     families = {f.name: f for f in LogsCollector(Manager(), log_watcher({}), wall=clock).collect()}  # type: ignore
-    labels = {"server": "s", "path": str(path)}
+    labels = {"server": "s", "log": "file"}
+    assert [s.labels for s in families["stallwatch_log_info"].samples] == [{**labels, "path": str(path)}]
     assert [(s.labels, s.value) for s in families["stallwatch_log_skipped_bytes"].samples
             if s.name.endswith("_total")] == [(labels, 3 * MIB)]
     assert [(s.labels, s.value) for s in families["stallwatch_log_backlog_bytes"].samples] == [(labels, MIB)]

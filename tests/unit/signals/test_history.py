@@ -138,7 +138,8 @@ def test_log_lines_are_summed_over_the_servers_files(monkeypatch: pytest.MonkeyP
     servers = _servers()
     watcher = _Watcher(servers)
     logs = LogManager(watcher, poll_interval=1.0)  # type: ignore[arg-type]
-    files = [FileStats("a", "/x/a.log", True, 10, 100, 3, None), FileStats("a", "/x/b.log", True, 10, 100, 4, None)]
+    files = [FileStats("a", "file", "/x/a.log", True, 10, 100, 3, None),
+             FileStats("a", "file_2", "/x/b.log", True, 10, 100, 4, None)]
     monkeypatch.setattr(logs, "stats", lambda: files)
     history = History(watcher, interval=1.0, logs=logs, wall=Clock())  # type: ignore[arg-type]
     history.sample_once()

@@ -27,32 +27,33 @@ def log_sources(paths: Paths, pid: int, workload: Workload) -> tuple[LogSource, 
     if files:
         return files
     if workload.pod_log:
-        return (_node_file(paths, workload.pod_log, "cri"),)
+        return (_node_file(paths, workload.pod_log, "cri", "container"),)
     if workload.docker is not None:
         return (_docker_log(paths, workload.docker),)
     if workload.unit and _stdout_is_socket(paths.procfs, pid):
         unit = workload.unit
-        return (LogSource(f"journal:{unit}", format="journal", journal_match=f"_SYSTEMD_UNIT={unit}"),)
+        return (LogSource(f"journal:{unit}", format="journal", journal_match=f"_SYSTEMD_UNIT={unit}",
+                          name="journal"),)
     return ()
 
 
-def _node_file(paths: Paths, node_path: str, fmt: str) -> LogSource:
+def _node_file(paths: Paths, node_path: str, fmt: str, name: str) -> LogSource:
     resolved = rootfs_path(paths.rootfs, node_path)
     if resolved is None:
-        return LogSource(node_path, format=fmt,
+        return LogSource(node_path, format=fmt, name=name,
                          unavailable="not found under --path.rootfs (links are resolved inside it)")
-    return LogSource(node_path, resolved, fmt, via="node")
+    return LogSource(node_path, resolved, fmt, via="node", name=name)
 
 
 def _docker_log(paths: Paths, docker: DockerContainer) -> LogSource:
     # moby/moby daemon/logger: json-file is readable; the journald driver tags entries with CONTAINER_ID_FULL;
     # `local` and the rest are the daemon's own formats (daemon/logger/local/doc.go).
     if docker.log_driver == "json-file":
-        return _node_file(paths, docker.log_path, "docker")
+        return _node_file(paths, docker.log_path, "docker", "container")
     if docker.log_driver == "journald":
         return LogSource(f"journal:{docker.name or short_id(docker.id)}", format="journal",
-                         journal_match=f"CONTAINER_ID_FULL={docker.id}")
-    return LogSource(f"docker:{docker.name or short_id(docker.id)}",
+                         journal_match=f"CONTAINER_ID_FULL={docker.id}", name="journal")
+    return LogSource(f"docker:{docker.name or short_id(docker.id)}", name="container",
                      unavailable=f"Docker log driver {docker.log_driver!r} is not readable outside dockerd; "
                                  "use json-file or journald")
 
@@ -62,7 +63,7 @@ def _stdio_files(procfs: str, pid: int) -> tuple[LogSource, ...]:
     the file in the process's own mount namespace, and follows logrotate's re-opens."""
     out: list[LogSource] = []
     seen: set[tuple[int, int]] = set()
-    for fd in (1, 2):
+    for fd, name in ((1, "stdout"), (2, "stderr")):
         try:
             link = pid_path(procfs, pid, "fd", str(fd))
             target = os.readlink(link)
@@ -71,7 +72,7 @@ def _stdio_files(procfs: str, pid: int) -> tuple[LogSource, ...]:
             continue
         if stat.S_ISREG(st.st_mode) and (st.st_dev, st.st_ino) not in seen:
             seen.add((st.st_dev, st.st_ino))
-            out.append(LogSource(printable(target.removesuffix(" (deleted)")), link, via="fd"))
+            out.append(LogSource(printable(target.removesuffix(" (deleted)")), link, via="fd", name=name))
     return tuple(out)
 
 

@@ -86,16 +86,17 @@ def test_log_sources_follow_the_workload(tmp_path: Path) -> None:
     paths = tree(tmp_path, f"0::/kubepods.slice/kubepods-pod{U_}.slice/cri-containerd-{CID}.scope\n")
     pod = locate(paths, 4242)
     (source,) = log_sources(paths, 4242, pod)
-    assert source == LogSource(pod.pod_log, f"{paths.rootfs}{pod.pod_log}", "cri", via="node")
+    assert source == LogSource(pod.pod_log, f"{paths.rootfs}{pod.pod_log}", "cri", via="node", name="container")
 
     docker_paths = tree(tmp_path / "d", f"0::/docker/{CID}\n")
     (source,) = log_sources(docker_paths, 4242, locate(docker_paths, 4242))
-    assert source.format == "docker" and source.path.endswith(f"{CID}-json.log")
+    assert source.format == "docker" and source.path.endswith(f"{CID}-json.log") and source.name == "container"
 
     unit = Workload("systemd", unit="kimi.service")
     unit_paths = tree(tmp_path / "u", "0::/system.slice/kimi.service\n", stdout="socket:[77]")
     assert log_sources(unit_paths, 4242, unit) == (
-        LogSource("journal:kimi.service", format="journal", journal_match="_SYSTEMD_UNIT=kimi.service"),)
+        LogSource("journal:kimi.service", format="journal", journal_match="_SYSTEMD_UNIT=kimi.service",
+                  name="journal"),)
     assert log_sources(tree(tmp_path / "h", "0::/\n"), 4242, Workload()) == ()  # stdout on a pipe: no log
 
 
@@ -105,7 +106,7 @@ def test_a_regular_stdout_file_wins_and_is_read_through_its_fd_link(tmp_path: Pa
     paths = tree(tmp_path, f"0::/kubepods.slice/kubepods-pod{U_}.slice/cri-containerd-{CID}.scope\n",
                  stdout=str(log))
     (source,) = log_sources(paths, 4242, locate(paths, 4242))
-    assert source == LogSource(str(log), f"{paths.procfs}/4242/fd/1", "plain", via="fd")
+    assert source == LogSource(str(log), f"{paths.procfs}/4242/fd/1", "plain", via="fd", name="stdout")
 
 
 def test_a_pod_log_link_out_of_the_rootfs_is_not_followed(tmp_path: Path) -> None:
