@@ -5,9 +5,14 @@ it had. Only members appear: a single-node server adds nothing here.
 A worker node appears only once its launch has been seen holding GPU memory or serving (remembered for the
 launch, also once its process is gone): the rules count a rank as present, and page when it goes, by its member
 info, and a process that only copies a worker's argv (audit 2026-12-02 #1) would otherwise silence
-InferenceDeploymentIncomplete while it lives and raise InferenceDeploymentMemberLost when it goes. The head appears
-from its start, for its wait at the rendezvous is itself what InferenceDeploymentIncomplete reads; another user's
-copy of it is a deployment of its own (its key ends with its owner, `deployment.owner_suffix`)."""
+InferenceDeploymentIncomplete while it lives and raise InferenceDeploymentMemberLost when it goes. The head of root's
+or a pod's deployment appears from its start, for its wait at the rendezvous is itself what
+InferenceDeploymentIncomplete reads; another user's copy of it is a deployment of its own (its key ends with its owner,
+`deployment.owner_suffix`). A head that a user other than root runs outside a pod waits like a worker: any local user
+can start a sleeper with a head's argv, and it would page InferenceDeploymentIncomplete for its own key at will. A
+real head holds GPU memory before its rendezvous (its CUDA context: SGLang's `ModelRunner.init_torch_distributed` sets
+its device before `init_distributed_environment`, sgl-project/sglang python/sglang/srt/model_executor/model_runner.py),
+so it still pages once it does; on a node without NVML such a head never appears."""
 
 from __future__ import annotations
 
@@ -45,7 +50,7 @@ class DeploymentCollector:
                 continue
             # A worker's `/health` is a constant (SGLang's dummy) or absent (vLLM headless): the head's judges.
             authoritative.add_metric([look.name], 0.0 if member.worker else 1.0)
-            if member.worker and look.name not in established:
+            if (member.worker or member.unprivileged) and look.name not in established:
                 continue
             info.add_metric([look.name, member.deployment, member.role, str(member.node_rank), str(member.nnodes)],
                             1.0)

@@ -44,6 +44,8 @@ class Member:
     role: str  # head | worker
     node_rank: int
     nnodes: int
+    # Run by a user other than root outside a pod: any local user can start one, with any argv.
+    unprivileged: bool = False
 
     @property
     def worker(self) -> bool:
@@ -111,4 +113,5 @@ def membership(engine: Engine, argv: Sequence[str], environ: Mapping[str, str], 
         node_rank = index if node_rank is None else node_rank
     node_rank = node_rank if node_rank is not None and node_rank < nnodes else 0
     role = "worker" if headless or node_rank > 0 else "head"
-    return Member(KEY_OUTSIDE.sub("_", key[:MAX_KEY_CHARS]) + owner, role, node_rank, nnodes)
+    return Member(KEY_OUTSIDE.sub("_", key[:MAX_KEY_CHARS]) + owner, role, node_rank, nnodes,
+                  unprivileged=owner.startswith("@uid"))

@@ -62,6 +62,20 @@ def test_a_head_is_a_member_from_its_start() -> None:
     assert len(families["stallwatch_deployment_node_expected"].samples) == 2
 
 
+def test_another_users_head_counts_once_it_held_gpu_memory() -> None:
+    """A user other than root, outside a pod, starts a sleeper with a head's argv: its deployment is its own
+    (`@uid1001`), and it would page InferenceDeploymentIncomplete at will. It waits like a worker: no member until its
+    tree holds GPU memory (a real head does before its rendezvous: SGLang's `init_torch_distributed` sets its device
+    first) or serves."""
+    head = Member("10.9.9.9:5000@uid1001", "head", 0, 2, unprivileged=True)
+    sleeper = Looked(look("sglang-40003@uid1001", launch=_launch(head), tree=[proc(42)]))
+    families = _families(_collector(sleeper, held={4242: 70e9}))
+    assert families["stallwatch_deployment_member_info"].samples == []
+    assert families["stallwatch_deployment_node_expected"].samples == []
+    families = _families(_collector(sleeper, held={42: 5e8}))  # its CUDA context
+    assert [s.labels["role"] for s in families["stallwatch_deployment_member_info"].samples] == ["head"]
+
+
 def test_a_worker_that_never_held_gpu_memory_nor_served_is_no_node() -> None:
     """Audit 2026-12-02 #1: a sleeper with a worker's argv. Not present (InferenceDeploymentIncomplete stays), and
     nothing to lose when it goes (no InferenceDeploymentMemberLost): no member info, expected ranks or rank counts."""

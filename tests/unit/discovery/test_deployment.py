@@ -38,6 +38,7 @@ def test_a_key_is_bounded() -> None:
 def test_a_key_says_who_runs_the_member(workload: Workload, uid: int, environ: dict[str, str], key: str) -> None:
     member = membership(ENGINES["sglang"], RANK_1, environ, workload, uid)
     assert member is not None and (member.deployment, member.role, member.node_rank) == (key, "worker", 1)
+    assert member.unprivileged == ("@uid" in key)  # anyone could have started it: it must hold GPU memory to count
 
 
 def test_a_member_whose_owner_cannot_be_read_is_none() -> None:
