@@ -191,8 +191,9 @@ CATALOG: dict[str, Family] = {
     "router_metrics_up": Family(
         "gauge", "1 when the router's own metrics page answered its last fetch, 0 when it failed.", ("server",)),
     "router_worker_up": Family(
-        "gauge", "The router's own view of each worker: 1 healthy, 0 not (its health checks, its circuit breaker).",
-        ("server", "worker")),
+        "gauge", "The router's own view of each worker: 1 healthy, 0 not (its health checks, its circuit breaker); "
+        "role as its command line lists the worker (prefill, decode; empty for one registered at run time).",
+        ("server", "worker", "role")),
     "router_requests_running": Family(
         "gauge", "Requests the router has in flight over its workers, as it last reported them.", ("server",)),
     # Thresholds

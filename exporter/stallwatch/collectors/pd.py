@@ -12,6 +12,7 @@ from prometheus_client.core import Metric
 from stallwatch.collectors.base import Registration
 from stallwatch.collectors.catalog import family
 from stallwatch.config import CollectorSettings
+from stallwatch.discovery.pd import route_role
 from stallwatch.discovery.watcher import Watcher
 from stallwatch.signals.engine_page import EnginePageManager, PageState
 from stallwatch.signals.pd_groups import group_keys, node_name
@@ -48,7 +49,7 @@ class PdCollector:
             if state.router is not None:
                 router_up.add_metric([look.name], 1.0 if state.router.up else 0.0)
                 for worker, value in sorted(state.router.workers.items()):
-                    worker_up.add_metric([look.name, worker], value)
+                    worker_up.add_metric([look.name, worker, route_role(look.launch.pd, worker)], value)
                 if state.router.running is not None:
                     running.add_metric([look.name], state.router.running)
         yield from (info, pending, transfers, router_up, worker_up, running)

@@ -89,6 +89,13 @@ def groups(servers: Iterable[Seen], node: str) -> dict[str, tuple[str, str]]:
     return out
 
 
+def route_role(place: PdPlace, worker: str) -> str:
+    """The role a router's command line gives the worker its metrics page names by URL; "" for a worker it does not
+    list (one registered at run time)."""
+    address = _address(worker)
+    return next((role for role, host, port in place.routes if (host, port) == address), "")
+
+
 def _address(url: str) -> tuple[str, int] | None:
     parts = urlsplit(url if "//" in url else f"//{url}")
     try:

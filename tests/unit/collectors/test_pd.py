@@ -35,7 +35,8 @@ def test_a_stuck_decode_and_its_router_as_the_exporter_reads_them() -> None:
     plain = look("plain")
     unlisted = look("both", engine="vllm", launch=Launch(host="0.0.0.0", port=8300, pd=PdPlace("")))  # kv_both
     states = [PageState("d", pending={"prealloc": 1.0, "transfer": 3.0}, transfers=12.0),
-              PageState("r", router=RouterView(True, {"http://127.0.0.1:30001": 1.0}, 3.0)), PageState("plain")]
+              PageState("r", router=RouterView(True, {"http://127.0.0.1:30001": 1.0, "http://127.0.0.1:30005": 0.0},
+                                                  3.0)), PageState("plain")]
     families = _families([Looked(decode), Looked(router), Looked(plain), Looked(unlisted)], states)
     assert [s.labels for s in families["stallwatch_pd_member_info"].samples] == [
         {"server": "d", "pd_group": "n/r", "pd_role": "decode"},
@@ -46,7 +47,7 @@ def test_a_stuck_decode_and_its_router_as_the_exporter_reads_them() -> None:
                        ("metrics", "transfer"): 3}
     assert [s.value for s in families["stallwatch_engine_kv_transfers"].samples if s.name.endswith("_total")] == [
         12.0]
-    assert [(s.labels["worker"], s.value) for s in families["stallwatch_router_worker_up"].samples] == [
-        ("http://127.0.0.1:30001", 1.0)]
+    assert [(s.labels["worker"], s.labels["role"], s.value) for s in families["stallwatch_router_worker_up"].samples
+            ] == [("http://127.0.0.1:30001", "decode", 1.0), ("http://127.0.0.1:30005", "", 0.0)]
     assert [s.value for s in families["stallwatch_router_requests_running"].samples] == [3.0]
     assert [s.value for s in families["stallwatch_router_metrics_up"].samples] == [1.0]
