@@ -272,7 +272,7 @@ def pd_panels(y: int) -> list[dict[str, Any]]:
               description="KV transfers completed per second, by the side that counts them: the group's progress "
                           "beside the decode side's tokens."),
         panel("PD router: workers healthy and requests in flight", "timeseries", 12, y + 9, 12, 8, [
-            target(f"stallwatch_router_worker_up\n{PD_MEMBER}", "{{pd_group}} {{server}}: {{worker}} healthy"),
+            target(f"stallwatch_router_worker_up\n{PD_MEMBER}", "{{pd_group}} {{server}}: {{role}} {{worker}} healthy"),
             target(f"stallwatch_router_requests_running\n{PD_MEMBER}", "{{pd_group}} {{server}} in flight", "B"),
         ], unit="short", description="The router's own view: each worker 1 healthy, 0 excluded (its health checks, "
                                      "its circuit breaker), and its requests in flight (InferencePDRouterNoProgress "
