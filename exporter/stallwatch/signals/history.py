@@ -12,8 +12,9 @@ import dataclasses
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
 from stallwatch.discovery.processes import ProcessKey, cpu_totals
 from stallwatch.discovery.server import Look
@@ -27,15 +28,17 @@ from stallwatch.signals.nvml import Nvml
 
 SPAN_SECONDS = 3600.0
 CPU_KEEP_SECONDS = 180.0  # per-process CPU totals are only read about a minute back: older points drop them
+NO_CPU: Mapping[ProcessKey, float] = MappingProxyType({})  # what an older point keeps: one for all of them
 
 
-@dataclass(frozen=True)
+# Slots: an hour of points for each server stays in memory (without them, a point's `__dict__` is most of it).
+@dataclass(frozen=True, slots=True)
 class Point:
     at: float
     gpu_memory_bytes: float | None  # held by the server on all of its GPUs
     gpu_utilization: float | None  # of its busiest GPU, 0..1
     log_lines: int | None  # read from its logs so far
-    cpu: dict[ProcessKey, float]  # CPU seconds (user + system) of each process of its tree so far; recent points
+    cpu: Mapping[ProcessKey, float]  # CPU seconds (user + system) of each process of its tree so far; recent points
     tokens: tuple[str, float] | None  # (source, generated so far) as the engine reports: its metrics page or log
 
 
@@ -80,7 +83,7 @@ class History:
             if now - point.at <= self._cpu_keep:
                 return
             if point.cpu:
-                ring[index] = dataclasses.replace(point, cpu={})
+                ring[index] = dataclasses.replace(point, cpu=NO_CPU)
 
     def _log_lines(self) -> dict[str, int] | None:
         if self.logs is None:
