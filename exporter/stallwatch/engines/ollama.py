@@ -53,8 +53,11 @@ ENGINE = Engine(
         rule(r'msg="Listening on \S+ \(version ', phase="serving"),
         # A model's load (`llm/llama_server.go:433`, `llm/server.go@f63eea3:433`), to its ready line (`:1362`,
         # `llm/server.go@f63eea3:619`) or the scheduler's `msg="Load failed" model=... error=...`
-        # (`server/sched.go:641`).
-        rule(r'msg="starting (?:llama-server|runner)" cmd=', phase="loading_weights", model_load=True),
+        # (`server/sched.go:641`). Only a runner given a model (`--model` only for one, `llm/server.go@f63eea3:
+        # 361-363`): before 2026-05-29 the GPU discovery at every start (`discover/runner.go@f63eea3:497`,
+        # `StartRunner(true, "", ...)`) logs the same `starting runner` for `ollama runner --ollama-engine --port N`,
+        # which loads nothing and prints no ready line.
+        rule(r'msg="starting (?:llama-server|runner)" cmd=[^\n]*? --model ', phase="loading_weights", model_load=True),
         rule(r'msg="(?:llama-server|llama runner) started in |msg="Load failed"', phase="serving"),
         # A load that Ollama gave up on after `OLLAMA_LOAD_TIMEOUT` without load activity (5 minutes,
         # `envconfig/config.go:146-164`), logged by the scheduler as `msg="Load failed" ... error="timed out waiting

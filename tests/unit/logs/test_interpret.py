@@ -480,6 +480,21 @@ def test_an_ollama_load_that_stalls_stays_loading_whatever_its_liveness_probe_sa
     assert ollama.snapshot().phase == "serving" and not any(ollama.snapshot().events.values())
 
 
+def test_ollamas_gpu_discovery_runner_is_no_model_load() -> None:
+    """Before 2026-05-29 Ollama starts a runner without a model at every start to discover its GPUs, logged as a
+    model's runner is (`tests/fixtures/logs/ollama-0.18.0-metal-gpu-discovery-runner-idle.log`): it loads nothing
+    and prints no ready line, so an idle server read as a load that never ends. The counter-test: a runner given a
+    model is its load."""
+    discovery = ('time=2026-03-23T11:57:09.152+08:00 level=INFO source=server.go:430 msg="starting runner" '
+                 'cmd="/Applications/Ollama.app/Contents/Resources/ollama runner --ollama-engine --port 49156"\n')
+    ollama = fed("ollama", t.ollama_serving(), discovery)
+    assert ollama.snapshot().phase == "serving"
+    load = ('time=2026-02-25T18:14:34.258+08:00 level=INFO source=server.go:431 msg="starting runner" '
+            'cmd="/opt/homebrew/Cellar/ollama/0.17.0/bin/ollama runner --model /Users/my/.ollama/models/blobs/'
+            'sha256-816441b33390807d429fbdb1de7e33bb4d569ac68e2203bdbca5d8d79b5c7266 --port 54686"\n')
+    assert fed("ollama", load, interpreter=ollama).snapshot().phase == "loading_weights"
+
+
 def test_ollama_polled_pages_are_heartbeats_and_a_generation_is_progress() -> None:
     now = [100.0]
     ollama = LogInterpreter(ENGINES["ollama"], wall=lambda: now[0])
