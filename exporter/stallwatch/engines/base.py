@@ -116,9 +116,9 @@ COMMON_RULES: tuple[Rule, ...] = (
 # (`{desc}: {percentage:3.0f}% Completed | {n_fmt}/{total_fmt} [...]`) and name the bar by loader: SGLang's
 # `model_loader/weight_utils.py` has `Multi-thread loading shards` (its default loader since 2026-04), `... pt
 # checkpoint shards` and `np_cache`; vLLM's eager strategy appends ` (eager)`.
-CHECKPOINT_SHARDS = re.compile(
-    rb"(?:Loading (?:safetensors|pt|np_cache) checkpoint shards|Multi-thread loading (?:pt checkpoint )?shards)"
-    rb"(?: \(eager\))?:\s*\d+% Completed \| (\d+)/(\d+)")
+CHECKPOINT_BAR = (rb"(?:Loading (?:safetensors|pt|np_cache) checkpoint shards|Multi-thread loading (?:pt checkpoint )?"
+                  rb"shards)(?: \(eager\))?:\s*\d+% Completed \|")
+CHECKPOINT_SHARDS = re.compile(CHECKPOINT_BAR + rb" (\d+)/(\d+)")
 
 
 class Figures(NamedTuple):

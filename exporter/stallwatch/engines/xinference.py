@@ -18,7 +18,7 @@ Not covered: which engine is inside, the supervisor's and workers' own health (`
 
 import re
 
-from stallwatch.engines.base import Engine, rule
+from stallwatch.engines.base import CHECKPOINT_BAR, Engine, rule
 from stallwatch.engines.sglang import ENGINE as SGLANG_ENGINE
 from stallwatch.engines.vllm import ENGINE as VLLM_ENGINE
 
@@ -33,6 +33,10 @@ ENGINE = Engine(
     # sub pool), logging nothing in the model's name: an unload, not an outage.
     exit_is_stop=True,
     role_title=re.compile(r"^(?:VLLM|sglang)::(?P<role>[A-Za-z0-9_]+)"),
+    # The model's weights bar, whichever engine loads it: vLLM's and SGLang's (`CHECKPOINT_BAR`), and transformers'
+    # in tqdm's default format (`modeling_utils.py`: `Loading checkpoint shards: 100%|█████| 2/2 [00:10<00:00,
+    # 5.11s/it]`).
+    shards=re.compile(rb"(?:" + CHECKPOINT_BAR + rb"|Loading checkpoint shards: *\d+%\|[^|\n\r]*\|) *(\d+)/(\d+)"),
     rules=(
         rule(r"ModelActor\([^)\n]+\) loaded", phase="serving"),
         # `core/model.py:562-565`: the model actor out of memory, then `os._exit(1)`.

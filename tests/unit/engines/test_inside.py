@@ -118,6 +118,18 @@ def test_an_xinference_model_process_serves_once_its_actor_says_loaded() -> None
     assert (vllm.snapshot().phase, vllm.snapshot().stop_requested) == ("stopped", False)
 
 
+@pytest.mark.parametrize(("bar", "shards"), [
+    # transformers' bar (`tests/fixtures/logs/xinference-1.6.0-transformers-launch-loaded.log`): it read no shards.
+    ("Loading checkpoint shards: 100%|█████████████| 2/2 [00:10<00:00,  5.11s/it]", (2, 2)),
+    ("Loading safetensors checkpoint shards:  50% Completed | 4/8 [00:04<00:04,  1.02s/it]", (4, 8)),
+], ids=["transformers", "vllm"])
+def test_an_xinference_model_process_counts_its_engines_weight_shards(bar: str, shards: tuple[int, int]) -> None:
+    """Whichever engine the model process hosts, its weights bar is the model's shards: vLLM's, and transformers'
+    in tqdm's default format. Neither was counted (the Xinference engine had no shards pattern)."""
+    snap = fed("xinference", bar + "\n").snapshot()
+    assert (snap.shards_loaded, snap.shards_expected) == shards
+
+
 def test_a_dynamo_sglang_workers_decode_lines_are_its_figures() -> None:
     """SGLang's decode stats line in Dynamo's format (no `[time TPn]`): running, waiting and its throughput."""
     line = t._dyn("09:10:00", "scheduler_metrics_mixin.report_decode_stats", "Decode batch, #running-req: 7, #token: "
