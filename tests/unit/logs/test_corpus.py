@@ -79,3 +79,20 @@ def test_a_wrappers_line_that_names_vllm_does_not_move_the_phase() -> None:
     assert interpreter.snapshot().phase == "launching"
     interpreter.feed(b"INFO 08-16 02:17:54 [api_server.py:1818] Starting vLLM API server 0 on http://0.0.0.0:8011\n")
     assert interpreter.snapshot().phase == "warming_up"
+
+
+def test_ollamas_gpu_discovery_runner_is_no_load_and_its_model_runner_is() -> None:
+    """An Ollama 0.13 start: the GPU discovery's runner (no `--model`) leaves the server serving; the runner started
+    for a model 38 s later is that model's load, to its ready line."""
+    interpreter = LogInterpreter(ENGINES["ollama"])
+    interpreter.process_started(0.0)
+    lines = (LOGS / "ollama-0.13.0-cpu-discovery-runner-then-model-load.log").read_bytes().splitlines(True)
+    model_runner = next(i for i, line in enumerate(lines) if b'"starting runner"' in line and b" --model " in line)
+    for line in lines[:model_runner]:
+        interpreter.feed(line)
+    assert interpreter.snapshot().timeline == ("launching", "serving")
+    interpreter.feed(lines[model_runner])
+    assert interpreter.snapshot().phase == "loading_weights"
+    for line in lines[model_runner + 1:]:
+        interpreter.feed(line)
+    assert interpreter.snapshot().timeline == ("launching", "serving", "loading_weights", "serving")
