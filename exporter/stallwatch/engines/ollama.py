@@ -39,7 +39,8 @@ ENGINE = Engine(
     # `server/routes.go:1877-1878`: `GET /` and `HEAD /` answer `Ollama is running` with 200 whatever the runners do:
     # a liveness check of the API process only.
     health_path="/",
-    role_title=re.compile(r"(?:^|/)(?P<runner>llama-server|ollama runner)(?:\s|$)"),
+    # The runner: upstream llama-server, `ollama runner`, and `ollama_llama_server` (2024-2025).
+    role_title=re.compile(r"(?:^|/)(?P<runner>llama-server|ollama runner|ollama_llama_server)(?:\s|$)"),
     loaded_models=LoadedModels(path="/api/ps", list_key="models", name_key="name", memory_key="size_vram"),
     # gin's access log (`gin.Default()`, `server/routes.go:1869`; gin-gonic/gin `logger.go` `defaultLogFormatter`:
     # `[GIN] 2026/11/20 - 09:14:02 | 200 |  62.5µs |  127.0.0.1 | GET      "/"`) writes a line per request: those of
@@ -56,8 +57,10 @@ ENGINE = Engine(
         # (`server/sched.go:641`). Only a runner given a model (`--model` only for one, `llm/server.go@f63eea3:
         # 361-363`): before 2026-05-29 the GPU discovery at every start (`discover/runner.go@f63eea3:497`,
         # `StartRunner(true, "", ...)`) logs the same `starting runner` for `ollama runner --ollama-engine --port N`,
-        # which loads nothing and prints no ready line.
-        rule(r'msg="starting (?:llama-server|runner)" cmd=[^\n]*? --model ', phase="loading_weights", model_load=True),
+        # which loads nothing and prints no ready line. From 2024 to 2025-05 the line was `msg="starting llama
+        # server" cmd="/usr/lib/ollama/runners/cuda_v12/ollama_llama_server --model ...` (`llm/server.go`).
+        rule(r'msg="starting (?:llama-server|llama server|runner)" cmd=[^\n]*? --model ', phase="loading_weights",
+             model_load=True),
         rule(r'msg="(?:llama-server|llama runner) started in |msg="Load failed"', phase="serving"),
         # A load that Ollama gave up on after `OLLAMA_LOAD_TIMEOUT` without load activity (5 minutes,
         # `envconfig/config.go:146-164`), logged by the scheduler as `msg="Load failed" ... error="timed out waiting

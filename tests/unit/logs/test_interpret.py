@@ -495,6 +495,19 @@ def test_ollamas_gpu_discovery_runner_is_no_model_load() -> None:
     assert fed("ollama", load, interpreter=ollama).snapshot().phase == "loading_weights"
 
 
+def test_ollamas_2024_load_line_is_a_load_too() -> None:
+    """From 2024 to 2025-05 Ollama logged a model's load as `starting llama server` (a space), its runner
+    `ollama_llama_server`: a load that stalled there stayed `serving`."""
+    load = ('time=2024-07-05T02:37:04.476Z level=INFO source=server.go:368 msg="starting llama server" '
+            'cmd="/tmp/ollama3197932021/runners/cpu/ollama_llama_server --model /root/.ollama/models/blobs/'
+            'sha256-6a0746a1ec1aef3e7ec53868f220ff6e389f6f8ef87a01d77c96807de94ca2aa --ctx-size 2048 --port 40213"\n')
+    ollama = fed("ollama", t.ollama_serving(), load)
+    assert ollama.snapshot().phase == "loading_weights"
+    ready = 'time=2024-07-05T02:37:06.983Z level=INFO source=server.go:609 msg="llama runner started in 2.51 seconds"\n'
+    assert fed("ollama", ready, interpreter=ollama).snapshot().phase == "serving"
+    assert ENGINES["ollama"].role_title.search("/tmp/ollama3197932021/runners/cpu/ollama_llama_server --model x")
+
+
 def test_ollama_polled_pages_are_heartbeats_and_a_generation_is_progress() -> None:
     now = [100.0]
     ollama = LogInterpreter(ENGINES["ollama"], wall=lambda: now[0])
