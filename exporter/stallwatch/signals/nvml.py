@@ -41,6 +41,7 @@ from stallwatch.signals.devices import (
     Identity,
     as_str,
     identify,
+    pci_address,
     read_device,
 )
 
@@ -50,6 +51,35 @@ MAX_BACKOFF_SECONDS = 300.0
 UNAVAILABLE = "NVML unavailable (no driver, or no access to it)"
 NO_GPU = "no NVIDIA GPU on this node (no driver, no /dev/nvidiactl or /dev/nvidia<N>, no /proc/driver/nvidia)"
 DEVICE_NODE = re.compile(r"nvidia(ctl|[0-9].*)")  # /dev/nvidiactl, /dev/nvidia0 ...; not nvidia-uvm, nvidia-caps
+
+
+DRIVER_GPUS = ("driver", "nvidia", "gpus")  # under procfs: a folder per GPU, named by its PCI address
+MAX_DRIVER_GPUS = 64
+_DRIVER_UUID = re.compile(r"^GPU UUID:\s*(GPU-[0-9a-fA-F-]{1,64})\s*$", re.MULTILINE)
+_DRIVER_PCI = re.compile(r"([0-9a-fA-F]{4,8}):([0-9a-fA-F]{2}):([0-9a-fA-F]{2})\.[0-7]")
+
+
+def driver_uuids(procfs: str) -> dict[str, str]:
+    """UUID by PCI address (as `pci_address` writes it) of every GPU the driver lists, from
+    `/proc/driver/nvidia/gpus/<0000:18:00.0>/information` (`GPU UUID: GPU-...`): the driver's record, which asks no
+    GPU anything, so a hung GPU is named without a call that would hang. Unreadable entries are left out."""
+    folder = os.path.join(procfs, *DRIVER_GPUS)
+    out: dict[str, str] = {}
+    try:
+        names = sorted(os.listdir(folder))[:MAX_DRIVER_GPUS]
+    except OSError:
+        return out
+    for name in names:
+        address = _DRIVER_PCI.fullmatch(name)
+        try:
+            with open(os.path.join(folder, name, "information"), encoding="ascii", errors="replace") as handle:
+                found = _DRIVER_UUID.search(handle.read(4096))
+        except OSError:
+            continue
+        if address is not None and found is not None:
+            domain, bus, device = (int(part, 16) for part in address.groups())
+            out[pci_address(domain, bus, device)] = found.group(1)
+    return out
 
 
 def shows_nvidia_gpu(rootfs: str, procfs: str) -> bool:
@@ -193,8 +223,9 @@ class Nvml:
                     out.broken.append(f"GPU {index}: {reading.broken}")
                 if late or stale:
                     out.failed.append(dataclasses.replace(self._overdue(index, reading), last=reading.answered))
-                elif reading.failure is not None:
-                    out.failed.append(dataclasses.replace(reading.failure, last=reading.answered))
+                elif reading.failure is not None:  # its UUID as known now: the others' answers may name it
+                    out.failed.append(dataclasses.replace(reading.failure, uuid=reading.failure.uuid
+                                                          or self._uuid(index), last=reading.answered))
                 elif reading.device is not None:
                     out.devices.append(reading.device)
             return out
@@ -206,9 +237,23 @@ class Nvml:
         return DeviceFailure(str(index), self._uuid(index), pynvml.NVMLError(pynvml.NVML_ERROR_TIMEOUT))
 
     def _uuid(self, index: int) -> str:
-        """GPU `index`'s UUID as it last said it ("" when it never answered); under the lock."""
+        """GPU `index`'s UUID as it last said it; for one that never answered, the driver's record of it where that
+        can only be this GPU (`_unanswered_uuid`), else ""; under the lock."""
         identity = self._identities.get(index)
-        return identity.uuid if identity is not None else ""
+        return identity.uuid if identity is not None else self._unanswered_uuid(index)
+
+    def _unanswered_uuid(self, index: int) -> str:
+        """The UUID of GPU `index`, which never answered (it hung before the exporter's first reading), from the
+        driver's own list of its GPUs (`driver_uuids`): only when it is the one GPU of the survey's count that never
+        answered and the list has exactly one GPU whose PCI address no answer gave. NVML's index order is not the
+        PCI order for certain, so with two such GPUs neither is named."""
+        count = self._survey.count or 0
+        if [i for i in range(count) if i not in self._identities] != [index]:
+            return ""
+        known = {identity.pci for identity in self._identities.values()}
+        listed = driver_uuids(self.procfs)
+        left = [uuid for pci, uuid in listed.items() if pci not in known]
+        return left[0] if len(listed) == count and len(left) == 1 else ""
 
     def identity(self, index: int) -> Identity | None:
         """What GPU `index` is, from its last answer (None: it never answered): no NVML call."""

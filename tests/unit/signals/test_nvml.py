@@ -468,6 +468,41 @@ def test_a_gpu_whose_every_call_hangs_keeps_its_name(fake_nvml: FakeNvml, monkey
     assert asked == []
 
 
+def _driver_lists(node: Node, *entries: tuple[str, str]) -> None:
+    """The driver's procfs folder of each GPU (`/proc/driver/nvidia/gpus/<PCI>/information`), as the 550 driver
+    writes it."""
+    for pci, uuid in entries:
+        folder = node.procfs / "driver" / "nvidia" / "gpus" / pci
+        folder.mkdir(parents=True)
+        (folder / "information").write_text(
+            f"Model: \t\t NVIDIA H100 80GB HBM3\nIRQ:   \t\t 0\nGPU UUID: \t {uuid}\nVideo BIOS: \t 96.00.74.00.01\n"
+            f"Bus Type: \t PCIe\nDMA Size: \t 52 bits\nBus Location: \t {pci}\nDevice Minor: \t 0\n"
+            "GPU Excluded:\t No\n")
+
+
+def test_a_gpu_hung_before_its_first_answer_is_named_by_the_drivers_list(fake_nvml: FakeNvml, node: Node) -> None:
+    """The exporter starts while GPU 1 hangs (every call on it blocks, then Timeout): it never said who it is. The
+    driver's procfs list names three GPUs, and GPU 0 and 2 answered with two of their PCI addresses: the third is
+    GPU 1's, so it reads down under its own UUID. A second GPU that never answered leaves both unnamed (NVML's index
+    order is not the PCI order for certain)."""
+    devices = gpus(3, used=40e9, util=50)
+    devices[1]["block"] = 0.3
+    fake_nvml.update(gpus=devices)
+    _driver_lists(node, *((f"0000:{0x18 + i:02x}:00.0", devices[i]["uuid"]) for i in range(3)))
+    nvml = _started(fake_nvml, Clock(100.0), node=node)
+    for index in range(3):
+        fake_nvml.run(f"NVML GPU {index}")
+    assert _failed(nvml.read_devices()) == [("1", devices[1]["uuid"], "NVMLError_Timeout")]
+    assert nvml.identity(1) is None  # named for its failure, never taken for an answer
+
+    devices[2]["block"] = 0.3
+    fake_nvml.update(gpus=devices)
+    both = _started(fake_nvml, Clock(100.0), node=node)
+    for index in range(3):
+        fake_nvml.run(f"NVML GPU {index}")
+    assert _failed(both.read_devices()) == [("1", "", "NVMLError_Timeout"), ("2", "", "NVMLError_Timeout")]
+
+
 def test_a_gpu_is_asked_who_it_is_again_after_nvml_is_initialised_again(fake_nvml: FakeNvml) -> None:
     """A handle is good for the initialisation it came from: after NVML is lost and initialised again, each GPU's
     reader asks for a fresh handle, and a GPU not yet read since is not `answering` (no call may be made on it)."""
