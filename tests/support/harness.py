@@ -223,6 +223,7 @@ ENGINE_COMMANDS = {
     # simulator's alone. Without a port it is named after its model: the test gives `--model` in `args`.
     "dynamo-vllm": [sys.executable, "-m", "dynamo.vllm"],
     "dynamo-sglang": [sys.executable, "-m", "dynamo.sglang"],
+    "dynamo-trtllm": [sys.executable, "-m", "dynamo.trtllm"],
     # Xinference's worker, which matches no engine: its model process, a child titled `Model: <uid>` (the scenario's
     # `children`), is the server.
     "xinference": [sys.executable, str(SIM_BIN / "xinference-local"), "--host", "127.0.0.1"],

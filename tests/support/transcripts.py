@@ -616,6 +616,38 @@ def dynamo_sglang_healthy(model: str = "Qwen/Qwen3-0.6B") -> str:
                    "processing queued requests"))
 
 
+def dynamo_trtllm_until_weights(modules: int = 1113) -> str:
+    """`python -m dynamo.trtllm --model-path M` (ai-dynamo/dynamo `components/src/dynamo/trtllm/main.py` at b6c87336,
+    `workers/llm_worker.py` at 318ccac5): TensorRT-LLM's banner, printed at its import before the worker's logging is
+    set up, the worker's signal handlers, then the LLM built in the worker's process, into the weights bar. The
+    worker's process sends TensorRT-LLM's Python logger (`tensorrt_llm/logger.py`: `[TRT-LLM] [I] ` before the
+    message, through the root logger) to Dynamo's handler, so its lines are composed here: Dynamo's format around the
+    message `trtllm_until_weights` has, `logger.log` its module and function. The executor's MPI worker, its own
+    process, does not run Dynamo's logging: its C++ lines and tqdm bars are as `trtllm_until_weights` has them. No
+    line before the registration names the model."""
+    return ("[TensorRT-LLM] TensorRT-LLM version: 1.1.0rc3\n"
+            + _dyn("09:00:01", "graceful_shutdown.install_signal_handlers", "Signal handlers set up for graceful "
+                   "shutdown (discovery unregister + grace period)")
+            + _dyn("09:00:02", "llm_worker.init_llm_worker", "Initializing NIXL Connect.")
+            + _dyn("09:00:03", "logger.log", "[TRT-LLM] [I] Using LLM with PyTorch backend")
+            + "rank 0 using MpiPoolSession to spawn MPI processes\n"
+            + "[TensorRT-LLM][INFO] Refreshed the MPI local session\n"
+            + "[TensorRT-LLM][ERROR] CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED not supported on GPU0.\n"
+            + "Loading safetensors weights in parallel: 100%|██████████| 6/6 [00:00<00:00, 105.78it/s]\n"
+            + _trt_bar("Loading weights concurrently", modules, modules))
+
+
+def dynamo_trtllm_healthy(model: str = "Qwen/Qwen3-0.6B") -> str:
+    """... then the MPI worker's KV cache (as `trtllm_healthy` has it) and the model registered with the runtime
+    (`llm_worker.py` `init_llm_worker` calls `register_model`, whose `Registered base model '{name}' MDC` is in
+    `lib/bindings/python/rust/lib.rs` at 209c9e83: the served name, else the model path)."""
+    return (dynamo_trtllm_until_weights()
+            + "Model init total -- 41.18s\n"
+            + "[TensorRT-LLM][INFO] Number of tokens per block: 32.\n"
+            + "[TensorRT-LLM][INFO] [MemUsageChange] Allocated 59.50 GiB for max tokens in paged KV cache (6931712).\n"
+            + _dyn("09:00:48", "_core", f"Registered base model '{model}' MDC"))
+
+
 def dynamo_stop() -> str:
     """SIGTERM's graceful shutdown (`common/utils/graceful_shutdown.py`)."""
     return (_dyn("10:30:00", "graceful_shutdown.graceful_shutdown_with_discovery", "Received shutdown signal; "

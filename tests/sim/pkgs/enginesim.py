@@ -64,6 +64,7 @@ CHILD_TITLES = {
 }
 CHILD_TITLES["dynamo-vllm"] = CHILD_TITLES["vllm"]  # vLLM's engine in the worker's process
 CHILD_TITLES["dynamo-sglang"] = CHILD_TITLES["sglang"]  # SGLang's `sgl.Engine` in the worker's process
+CHILD_TITLES["dynamo-trtllm"] = CHILD_TITLES["trtllm"]  # TensorRT-LLM's LLM in the worker's process
 COMM_ONLY = "comm:"  # a title set as the process's `comm` only, its command line left as it was
 
 
