@@ -1,7 +1,8 @@
-"""Engines that are vLLM or SGLang inside (simulated), end to end through real Prometheus and Alertmanager with the
-shipped rules: Dynamo's vLLM and SGLang workers without a system port (nothing to probe: the log alone says it
-serves), Aphrodite and an Xinference model process, each in its seed stall (weights in GPU memory, GPU idle, log
-silent, not ready) pages; a healthy idle one stays silent and a clean stop raises nothing (issue 28 item 4)."""
+"""Engines that are vLLM, SGLang or TensorRT-LLM inside (simulated), end to end through real Prometheus and
+Alertmanager with the shipped rules: Dynamo's vLLM, SGLang and TensorRT-LLM workers without a system port (nothing to
+probe: the log alone says it serves), Aphrodite and an Xinference model process, each in its seed stall (weights in
+GPU memory, GPU idle, log silent, not ready) pages; a healthy idle one stays silent and a clean stop raises nothing
+(issue 28 item 4)."""
 
 from __future__ import annotations
 
@@ -24,15 +25,22 @@ IDLE = {"running": 0, "waiting": 0, "throughput": 0.0, "tokens_start": 5000, "in
 ENGINES = {
     "dynamo-vllm": (t.dynamo_vllm_until_shards(), t.dynamo_vllm_healthy(), t.dynamo_stop(), {"http": "none"}),
     "dynamo-sglang": (t.dynamo_sglang_until_shards(), t.dynamo_sglang_healthy(), t.dynamo_stop(), {"http": "none"}),
+    "dynamo-trtllm": (t.dynamo_trtllm_until_weights(), t.dynamo_trtllm_healthy(), t.dynamo_stop(), {"http": "none"}),
     # A worker's model process (titled `Model: <uid>`) is the server; it ends without a line (`exit_is_stop`).
     "xinference": (t.xinference_until_shards(), "", "", {"http": "none"}),
     "aphrodite-vllm": (t.aphrodite_until_shards(), t.aphrodite_healthy(), t.aphrodite_stop(), {"work": IDLE}),
 }
+# The model's flag where it is not `--model`: the TensorRT-LLM worker's `--model-path` (its documented flag, kept as
+# `--model`'s obsolete spelling in `dynamo/trtllm/backend_args.py`).
+MODEL_FLAGS = {"dynamo-trtllm": "--model-path"}
 
 
 def _engine_core(sim: Engine) -> int:
     """The pid of its engine's child that holds the weights: vLLM's `...::EngineCore`, SGLang's scheduler, an
-    Xinference worker's model process."""
+    Xinference worker's model process; TensorRT-LLM's executor is an MPI worker without a title, which the simulator
+    does not start: the worker's own process holds them."""
+    if sim.name.startswith("dynamo-trtllm-"):
+        return sim.proc.pid
     return poll(lambda: next((p.pid for p in psutil.Process(sim.proc.pid).children()
                               if p.cmdline() and (p.cmdline()[0].endswith(("::EngineCore", "::scheduler"))
                                                   or " ".join(p.cmdline()).startswith("Model: "))), None),
@@ -53,11 +61,12 @@ def test_the_seed_stall_pages_an_idle_server_and_a_clean_stop_do_not(
 
     if engine_name.startswith("dynamo-"):  # one worker per model: three models
         stalled_model, idle_model, stopped_model = "Qwen/Qwen3-0.6B", "Qwen/Qwen3-8B", "Qwen/Qwen3-4B"
-        stalled = engine(engine_name, until_shards, final="stall", tp=1, args=("--model", stalled_model))
+        flag = MODEL_FLAGS.get(engine_name, "--model")
+        stalled = engine(engine_name, until_shards, final="stall", tp=1, args=(flag, stalled_model))
         idle = engine(engine_name, healthy.replace(stalled_model, idle_model), final="serve", tp=1,
-                      args=("--model", idle_model), **serving)
+                      args=(flag, idle_model), **serving)
         stopped = engine(engine_name, healthy.replace(stalled_model, stopped_model), final="serve", tp=1,
-                         args=("--model", stopped_model), on_sigterm=stop, **serving)
+                         args=(flag, stopped_model), on_sigterm=stop, **serving)
         names = {sim: f"{engine_name}-{model.rsplit('/', 1)[1]}"
                  for sim, model in ((stalled, stalled_model), (idle, idle_model), (stopped, stopped_model))}
     elif engine_name == "xinference":  # one model process per worker, named after its uid
