@@ -11,13 +11,14 @@ from pathlib import Path
 import psutil
 
 from support import transcripts as t
-from support.harness import Exporter, gpus, poll
+from support.harness import Exporter, Ollama, gpus, poll
 from support.stack import Daemon, Webhook, alertmanager, prometheus, rule_seconds
 
 EXPORTER_CONFIG = ("discovery: {enabled: true, interval: 1s, forget_after: 1h}\n"
                    "defaults:\n  stall: {gpu_memory_bytes: 10e9, log_stale: 12s}\n"
                    "  probe: {timeout: 1s, interval: 1s}\n"
-                   "logs: {poll_interval: 0.5s}\n")
+                   "logs: {poll_interval: 0.5s}\n"
+                   "engine_metrics: {interval: 1s, timeout: 1s}\n")
 MODELS = [t.OLLAMA_BLOB[:-4] + suffix for suffix in ("aaa1", "bbb2", "ccc3")]
 
 
@@ -34,6 +35,12 @@ def _stack(exporter, daemons: list[Daemon], tmp_path: Path) -> tuple[Webhook, li
     query = prometheus(daemons, tmp_path, am_port, [f"127.0.0.1:{e.port}"])
     poll(lambda: query('up{job="stallwatch"} == 1'), timeout=30, what="the first scrape")
     return hook, nvml, e, query
+
+
+def _runner(sim: Ollama) -> psutil.Process:
+    """Its runner, not the interpreter's launcher before it (a pyenv shim's child)."""
+    return poll(lambda: [p for p in psutil.Process(sim.proc.pid).children()
+                         if "llama-server" in "".join(p.cmdline()[1:2])], what="the runner")[0]
 
 
 def test_ten_load_and_unload_cycles_and_a_loaded_idle_model_raise_no_alert(
@@ -74,9 +81,7 @@ def test_a_model_load_that_stalls_with_its_runner_holding_gpu_memory_pages(
     until_tensors = "".join(t.llamacpp_healthy().splitlines(keepends=True)[:6])
     sim = ollama([["log", t.ollama_serving()], ["serve"], ["load", MODELS[0]], ["log", t.ollama_load(MODELS[0])]],
                  until_tensors, runner_final="stall")
-    # The runner, not the interpreter's launcher before it (a pyenv shim's child).
-    runner = poll(lambda: [p for p in psutil.Process(sim.proc.pid).children()
-                           if "llama-server" in "".join(p.cmdline()[1:2])], what="the runner")[0]
+    runner = _runner(sim)
     nvml[0].update(used=41e9, processes=[{"pid": runner.pid, "used": 40e9}])
     e.nvml.update(gpus=nvml)
     poll(lambda: query(f'stallwatch_startup_phase{{server="{sim.name}",phase="loading_weights"}} == 1'),
@@ -87,3 +92,27 @@ def test_a_model_load_that_stalls_with_its_runner_holding_gpu_memory_pages(
     assert page["received_at"] - started >= 12  # log_stale: not before the log was quiet that long
     assert "phase loading_weights" in page["annotations"]["description"]
     assert query(f'stallwatch_probe_success{{server="{sim.name}"}} == 1')  # `/` answered all along
+
+
+def test_a_runner_whose_main_loop_froze_pages_while_ollama_answers(
+    exporter, ollama, daemons: list[Daemon], tmp_path: Path
+) -> None:
+    """A model loaded and serving, its runner holding 40 GB; then its main loop freezes (a generation stuck in it):
+    the runner's `/slots` never answers while Ollama's `/` says 200 and its log holds nothing but heartbeats.
+    InferenceServerEngineLoopStuck pages for the server (issue 28 item 1: a runner holding GPU memory with nothing
+    generated), as it does for llama.cpp's own server."""
+    hook, nvml, e, query = _stack(exporter, daemons, tmp_path)
+    sim = ollama([["log", t.ollama_serving()], ["serve"], *_load(MODELS[0])], t.llamacpp_healthy(),
+                 runner_work={"running": 0, "waiting": 0, "throughput": 0.0, "interval": 0.5, "metrics": "hang"})
+    runner = _runner(sim)
+    nvml[0].update(used=41e9, processes=[{"pid": runner.pid, "used": 40e9}])
+    e.nvml.update(gpus=nvml)
+    poll(lambda: query(f'stallwatch_engine_loop_up{{server="{sim.name}"}} == 0'), timeout=30,
+         what="the runner's loop read as down")
+    frozen = time.time()
+    page = poll(lambda: hook.find("InferenceServerEngineLoopStuck", sim.name, "firing"), timeout=60, interval=0.2,
+                what="the frozen loop's page")
+    print(f"frozen runner loop: paged {page['received_at'] - frozen:.1f} s after it was read down")
+    assert page["labels"]["severity"] == "critical"
+    assert query(f'stallwatch_probe_success{{server="{sim.name}"}} == 1')  # `/` answered all along
+    assert query(f'stallwatch_startup_phase{{server="{sim.name}",phase="serving"}} == 1')

@@ -321,15 +321,17 @@ class Engine:
 class Ollama:
     """A simulated `ollama serve` (tests/sim/bin/ollama) on a free port given in `OLLAMA_HOST`, with stdout and stderr
     in `log`: it runs `steps` (see the simulator), each load's runner the simulated llama-server with
-    `runner_transcript`, then in the state `runner_final` (enginesim's `serve` or `stall`)."""
+    `runner_transcript`, then in the state `runner_final` (enginesim's `serve` or `stall`) with `runner_work`
+    (enginesim's work: `{"metrics": "hang"}` is a runner whose main loop froze, its `/slots` never answered)."""
 
     def __init__(self, tmp: Path, steps: list[list[object]], runner_transcript: str,
-                 runner_final: str = "serve") -> None:
+                 runner_final: str = "serve", runner_work: dict | None = None) -> None:
         self.port = free_port()
         transcript = tmp / "ollama-runner.transcript"
         transcript.write_text(runner_transcript)
         runner = tmp / "ollama-runner.json"
-        runner.write_text(json.dumps({"transcript": str(transcript), "final": runner_final}))
+        work = {"work": runner_work} if runner_work is not None else {}
+        runner.write_text(json.dumps({"transcript": str(transcript), "final": runner_final, **work}))
         scenario = tmp / "ollama.json"
         scenario.write_text(json.dumps({"runner_scenario": str(runner), "steps": steps}))
         self.log = tmp / "ollama.log"

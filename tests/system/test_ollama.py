@@ -45,6 +45,9 @@ def test_ten_load_and_unload_cycles_of_three_models_are_one_server_that_raises_n
     scrape = e.wait_for(lambda s: "runner" in _roles(s, sim.name) and s, timeout=20, what="the runners as a role")
     assert _roles(scrape, sim.name) == {"main", "runner"}
     assert scrape.value("stallwatch_server_info", server=sim.name, engine="ollama") == 1
+    # Its runners' main loops answer their `/slots`.
+    e.wait_for(lambda s: s.value("stallwatch_engine_loop_up", server=sim.name) == 1, timeout=20,
+               what="the runners' loops answering")
     gate.touch()
     poll(lambda: len(sim.runner_ports()) == 30 and sim.log.read_text().count("llama-server started in") == 30,
          timeout=60, what="thirty loads")
@@ -83,6 +86,21 @@ def test_a_load_that_times_out_is_a_fatal_event_of_a_server_that_keeps_serving(e
     # Its tree is read at most every TREE_CACHE_SECONDS: `server_up` may follow the phase by one reading.
     e.wait_for(lambda s: _phase(s, sim.name) == "stopped" and s.value("stallwatch_server_up", server=sim.name) == 0,
                what="stopped and down")
+
+
+def test_a_runner_whose_main_loop_froze_reads_loop_down_while_ollama_answers(exporter, ollama) -> None:
+    """A model loaded, then its runner's main loop freezes: its `/slots` never answers (as llama-server's, which its
+    loop answers), while Ollama's own `/` still says 200. The server reads up and serving with its loop down
+    (stallwatch_engine_loop_up 0, what InferenceServerEngineLoopStuck reads); no llama.cpp server appears."""
+    e = exporter(config=FAST_REMEMBERING + "engine_metrics: {interval: 0.2s, timeout: 1s}\n")
+    sim = ollama([["log", t.ollama_serving()], ["serve"], *_load(MODELS[0])], t.llamacpp_healthy(),
+                 runner_work={"running": 0, "waiting": 0, "throughput": 0.0, "interval": 0.5, "metrics": "hang"})
+    scrape = e.wait_for(lambda s: s.value("stallwatch_engine_loop_up", server=sim.name) == 0 and s, timeout=20,
+                        what="the runner's loop read as down")
+    assert _phase(scrape, sim.name) == "serving"
+    assert scrape.value("stallwatch_server_up", server=sim.name) == 1
+    assert scrape.probe("stallwatch_probe_success", server=sim.name, url=f"http://127.0.0.1:{sim.port}/") == 1
+    assert _series(scrape, {f"llamacpp-{port}" for port in sim.runner_ports()}) == []
 
 
 def test_the_loaded_models_and_their_gpu_memory_are_read_from_api_ps(exporter, ollama, tmp_path: Path) -> None:

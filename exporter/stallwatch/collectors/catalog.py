@@ -136,8 +136,9 @@ CATALOG: dict[str, Family] = {
         "gauge", "Bytes of GPU memory each model the engine has loaded holds, as the engine reports it (Ollama's "
         "/api/ps size_vram); one series per model loaded now, none once it is unloaded.", ("server", "model")),
     "engine_loop_up": Family(
-        "gauge", "For an engine whose main loop serves its /metrics page (llama.cpp): 1 when the loop answered the "
-        "last fetch, 0 when the fetch timed out (a request the loop holds unanswered).", ("server",)),
+        "gauge", "For an engine whose main loop serves its /metrics page (llama.cpp) or whose runners' loops serve "
+        "a page (Ollama's /slots): 1 when the loop answered the last fetch, 0 when the fetch timed out (a request "
+        "the loop holds unanswered).", ("server",)),
     # Startup phase
     "startup_phase": Family("gauge", "1 for the server's current startup phase, 0 for the others.",
                             ("server", "phase")),

@@ -175,6 +175,19 @@ class LoadedModels:
 
 
 @dataclass(frozen=True)
+class RunnerLoops:
+    """A page that each process of `role` in the server's tree serves through its own main loop, on the port its
+    command line gives after `port_flag`, at the server's loopback (Ollama's runners, upstream llama-server on
+    `--host 127.0.0.1 --port <random>`: `/slots` is posted to its main loop as a task and waited for, as `/metrics`
+    is). A fetch that times out is a runner whose loop holds requests unanswered while the server's own API, and its
+    health check, answer (`signals.runner_loops`)."""
+
+    role: str
+    path: str
+    port_flag: str = "--port"
+
+
+@dataclass(frozen=True)
 class StatsLine:
     """The engine's periodic stats line: `anchor` is a literal every such line contains (found from the end of a
     block with `rfind`), `pattern` matches the line with groups `running`, `waiting`, `throughput` (generated
@@ -404,6 +417,7 @@ class Engine:
     exit_is_stop: bool = False
     metrics: MetricsSpec | None = None  # None: no `/metrics` page known
     loaded_models: LoadedModels | None = None  # None: no page of its loaded models known
+    runner_loops: RunnerLoops | None = None  # None: no runner of its own serves a page through its loop
     stats_lines: tuple[StatsLine, ...] = ()
     # Lines an engine keeps printing while stuck (a wait loop's notice): not progress, so a log of nothing
     # else does not move `log_last_progress` (see `heartbeats()`).

@@ -6,6 +6,10 @@ import re
 
 from stallwatch.engines.base import Engine, MetricsSpec, heartbeats, rule
 
+# Lines a monitor's requests make the server print (see `heartbeats` below); Ollama's log carries its runners'.
+POLLED = (r"log_server_r: (?:done )?request: (?:GET|HEAD) /(?:v1/)?(?:health|metrics|props|models|slots)\b",
+          r"\bstop: cancel task, id_task = \d+")
+
 ENGINE = Engine(
     name="llamacpp",
     program=re.compile(r"(?:\S*/)?llama-server(?:\s|$)"),
@@ -23,8 +27,7 @@ ENGINE = Engine(
     # trace level since, which skips `/health`, `/metrics`, `/props` and `/models`), and `server-queue.cpp`
     # `server_response_reader::stop`: `cancel task, id_task = N` when a client gives up on a task the main loop has
     # not answered: each timed-out fetch of `/metrics` from a frozen loop, one every fetch.
-    heartbeats=heartbeats(r"log_server_r: (?:done )?request: (?:GET|HEAD) /(?:v1/)?(?:health|metrics|props|models|"
-                          r"slots)\b", r"\bstop: cancel task, id_task = \d+"),
+    heartbeats=heartbeats(*POLLED),
     rules=(
         # The banner: `build: 4785 (aa6192d3) with ...`, `build_info: b8680-15f786e65` since b8600
         # (`common/common.cpp`); since 2026 no build line at the default verbosity, but the server's own first line,

@@ -27,7 +27,8 @@ bytes of GPU memory each holds, fetched with the engine pages (`signals/loaded_m
 
 import re
 
-from stallwatch.engines.base import Engine, LoadedModels, heartbeats, rule
+from stallwatch.engines.base import Engine, LoadedModels, RunnerLoops, heartbeats, rule
+from stallwatch.engines.llamacpp import POLLED as LLAMACPP_POLLED
 
 ENGINE = Engine(
     name="ollama",
@@ -42,11 +43,19 @@ ENGINE = Engine(
     # The runner: upstream llama-server, `ollama runner`, and `ollama_llama_server` (2024-2025).
     role_title=re.compile(r"(?:^|/)(?P<runner>llama-server|ollama runner|ollama_llama_server)(?:\s|$)"),
     loaded_models=LoadedModels(path="/api/ps", list_key="models", name_key="name", memory_key="size_vram"),
+    # A runner's main loop: a generation that hangs in it (a stuck kernel, a frozen loop) leaves `/` at 200 and the
+    # log quiet; the runner's `/slots` (on by default, `tools/server/server.cpp` `handle_slots` posts a
+    # SERVER_TASK_TYPE_METRICS task and waits) then times out: stallwatch_engine_loop_up 0 for the server, which
+    # InferenceServerEngineLoopStuck reads as it does for llama.cpp. Ollama's runners before 2026-05-29 (`ollama
+    # runner`) serve no such page: their fetch fails with a status, which says nothing of the loop.
+    runner_loops=RunnerLoops(role="runner", path="/slots"),
     # gin's access log (`gin.Default()`, `server/routes.go:1869`; gin-gonic/gin `logger.go` `defaultLogFormatter`:
     # `[GIN] 2026/11/20 - 09:14:02 | 200 |  62.5µs |  127.0.0.1 | GET      "/"`) writes a line per request: those of
     # the pages a monitor polls (stallwatch's own probe of `/`, `/api/version`, `/api/ps`, `/api/tags`, routes.go:1877-
     # 1907) are heartbeats; a finished generation (`POST "/api/chat"`) is progress.
-    heartbeats=heartbeats(r'\[GIN\] .*\| (?:GET|HEAD) +"/(?:api/(?:version|ps|tags))?"'),
+    # Ollama writes its runners' stdout and stderr into its own log (`llm/llama_server.go:420-433`): their lines of a
+    # fetch of `/slots` that timed out (`stop: cancel task`) are heartbeats too.
+    heartbeats=heartbeats(r'\[GIN\] .*\| (?:GET|HEAD) +"/(?:api/(?:version|ps|tags))?"', *LLAMACPP_POLLED),
     rules=(
         # `Serve`'s first line (`server/routes.go:1951`): `msg="server config" env="map[...]"`.
         rule(r'msg="server config"', phase="launching", launch=True),

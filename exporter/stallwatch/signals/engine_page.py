@@ -32,6 +32,7 @@ from stallwatch.signals.loaded_models import read_models
 from stallwatch.signals.page_address import page_url
 from stallwatch.signals.probes import fetch
 from stallwatch.signals.router_page import RouterView, read_router
+from stallwatch.signals.runner_loops import read_runner_loops
 from stallwatch.signals.textformat import PAIRS as _PAIRS
 from stallwatch.signals.textformat import SAMPLE as _SAMPLE
 from stallwatch.signals.textformat import sample_lines as _sample_lines
@@ -200,7 +201,15 @@ class Page(NamedTuple):
 
 
 def read_page(server: Server, timeout: float) -> Page:
-    """Fetch and parse the server's metrics page once, by the rules above."""
+    """Fetch and parse the server's metrics page once, by the rules above; where the page says nothing of the
+    engine's loop, its runners' pages do (`Engine.runner_loops`)."""
+    page = _read_metrics_page(server, timeout)
+    if page.loop_up is None and server.engine.runner_loops is not None:
+        return page._replace(loop_up=read_runner_loops(server, timeout))
+    return page
+
+
+def _read_metrics_page(server: Server, timeout: float) -> Page:
     found = metrics_url(server)
     if found is None:
         return Page(None, None, "")

@@ -288,7 +288,18 @@ PAGES = {"vllm": _vllm_page, "sglang": _sglang_page, "tgi": _tgi_page, "llamacpp
          "trtllm": _trtllm_page, "lmdeploy": _lmdeploy_page, "aphrodite-vllm": _aphrodite_page,
          "dynamo-vllm": _vllm_page}  # a Dynamo worker's system port re-exports vLLM's families
 PAGE_PATHS = {"trtllm": "/prometheus/metrics"}  # the text format's page where it is not `/metrics`
-JSON_PAGES = {"trtllm": {"/metrics": _trtllm_iteration_stats}}
+def _llamacpp_slots(work: Work) -> bytes:
+    """llama-server's `/slots` (on by default): one object per slot as `server_slot::to_json` writes it, the loop's
+    answer to a SERVER_TASK_TYPE_METRICS task (so it hangs with the loop, `metrics: hang`)."""
+    running = sum(work.split("running"))
+    return json.dumps([{"id": slot, "id_task": 7 if slot < running else -1, "n_ctx": 4096, "speculative": False,
+                        "is_processing": slot < running,
+                        "next_token": {"has_next_token": slot < running, "has_new_line": False, "n_remain": -1,
+                                       "n_decoded": 12 if slot < running else 0, "stopping_word": ""}}
+                       for slot in range(max(1, running))]).encode()
+
+
+JSON_PAGES = {"trtllm": {"/metrics": _trtllm_iteration_stats}, "llamacpp": {"/slots": _llamacpp_slots}}
 # `/health` once the engine died behind its HTTP server (`openai_server.py` `health`).
 UNAVAILABLE = {"trtllm": b"LLM is unavailable. Please check the server logs for more details.",
                # `serve/core/async_engine.py` `_validate_scheduler_progress` through `/health` (`management.py`).
@@ -366,6 +377,8 @@ class _Health(BaseHTTPRequestHandler):
             self._send(b'{"detail":"Not Found"}', "application/json")
             return
         if self.work is not None and path in JSON_PAGES.get(self.work.engine, {}):
+            if self.work.spec.get("metrics") == "hang":  # a page its main loop answers: waits with the loop
+                time.sleep(3600)
             self.status = 200
             self._send(JSON_PAGES[self.work.engine][path](self.work), "application/json")
             return
