@@ -25,9 +25,14 @@ BINARY = CACHE / "llama-server"
 VOCAB = CACHE / "ggml-vocab-llama-spm.gguf"
 
 
+def llama_server_available() -> bool:
+    """Whether the built binary and its vocab file are in the cache."""
+    return os.access(BINARY, os.X_OK) and VOCAB.is_file()
+
+
 def require_llama_server() -> Path:
     """The binary, or a skip that says how to build it (scripts/test always does)."""
-    if not os.access(BINARY, os.X_OK) or not VOCAB.is_file():
+    if not llama_server_available():
         pytest.skip(f"no llama-server {VERSION} in {CACHE}: run scripts/build-llama-server")
     return BINARY
 
