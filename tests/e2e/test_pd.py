@@ -27,60 +27,62 @@ PREFILL, DECODE, PREFILL_2 = 30000, 30001, 30002
 
 
 class Group:
-    """Prefills (`prefills`: their ports), a decode and their router on node 0 (the router lists them on its command
-    line and retitles itself `sglang::router`, so the exporter reads its workers from its metrics page), each
+    """Prefills (`prefills`: their ports), a decode and their router on node `node` (the router lists them on its
+    command line and retitles itself `sglang::router`, so the exporter reads its workers from its metrics page), each
     server's scheduler holding a GPU of its own."""
 
-    def __init__(self, cluster: Cluster, prefills: tuple[int, ...] = (PREFILL,)) -> None:
-        self.cluster = cluster
+    def __init__(self, cluster: Cluster, prefills: tuple[int, ...] = (PREFILL,), node: int = 0) -> None:
+        self.cluster, self.node = cluster, node
+        on = f'instance="{cluster.instance(node)}"'
         pd = ("--host", "127.0.0.1", "--enable-metrics")
         self.prefills = [self.start_prefill(port) for port in prefills]
         self.prefill = self.prefills[0]
-        self.decode = cluster.engine(0, "sglang", t.sglang_healthy(tp=1), final="serve", tp=1, port=DECODE,
+        self.decode = cluster.engine(node, "sglang", t.sglang_healthy(tp=1), final="serve", tp=1, port=DECODE,
                                      args=(*pd, "--disaggregation-mode", "decode"), work=dict(IDLE), live_work=True)
         urls = [f"http://127.0.0.1:{port}" for port in prefills]
         listed = [arg for url in urls for arg in ("--prefill", url, "8998")]
-        self.router = cluster.engine(0, "sglang_router", t.sglang_router_start(
+        self.router = cluster.engine(node, "sglang_router", t.sglang_router_start(
             [(url, 8998) for url in urls], [f"http://127.0.0.1:{DECODE}"], 8000), final="serve", port=8000,
             args=(*listed, "--decode", f"http://127.0.0.1:{DECODE}"), work={"running": 0}, live_work=True)
         self.hold_gpus(len(prefills) + 1)
         count = len(prefills) + 2
         # Each member's group once the router's page is read (an empty `pd_group` before: Prometheus drops the label).
-        members = poll(lambda: (found := cluster.query('stallwatch_pd_member_info{pd_group!=""}'))
+        members = poll(lambda: (found := cluster.query(f'stallwatch_pd_member_info{{pd_group!="",{on}}}'))
                        and len(found) == count and found, timeout=30, what="the group's members")
         self.key = members[0]["metric"]["pd_group"]
         assert {(m["metric"]["pd_group"], m["metric"]["pd_role"], m["metric"]["server"]) for m in members} == {
             *((self.key, "prefill", f"sglang-{port}") for port in prefills), (self.key, "decode", f"sglang-{DECODE}"),
             (self.key, "router", self.router_name)}
-        poll(lambda: len(cluster.query('stallwatch_startup_phase{phase="serving"} == 1')) == count, timeout=30,
+        poll(lambda: len(cluster.query(f'stallwatch_startup_phase{{phase="serving",{on}}} == 1')) == count, timeout=30,
              what="the group serving")
         # The router's own view: every worker healthy.
-        poll(lambda: [w["value"][1] for w in cluster.query("stallwatch_router_worker_up")] == ["1"] * (count - 1),
-             timeout=30, what="the router's view of its workers")
+        poll(lambda: [w["value"][1] for w in cluster.query(f"stallwatch_router_worker_up{{{on}}}")]
+             == ["1"] * (count - 1), timeout=30, what="the router's view of its workers")
 
     def start_prefill(self, port: int) -> Engine:
         """A prefill server on `port`, idle once serving, that drains and exits on SIGTERM."""
-        return self.cluster.engine(0, "sglang", t.sglang_pd_bootstrap(tp=1), final="serve", tp=1, port=port,
+        return self.cluster.engine(self.node, "sglang", t.sglang_pd_bootstrap(tp=1), final="serve", tp=1, port=port,
                                    args=("--host", "127.0.0.1", "--enable-metrics", "--disaggregation-mode",
                                          "prefill"), work=dict(IDLE), live_work=True,
                                    on_sigterm=t.sglang_sigterm_stop())
 
     @property
     def router_name(self) -> str:
-        found = self.cluster.query('stallwatch_pd_member_info{pd_role="router"}')
+        on = f'instance="{self.cluster.instance(self.node)}"'
+        found = self.cluster.query(f'stallwatch_pd_member_info{{pd_role="router",{on}}}')
         return found[0]["metric"]["server"] if found else ""
 
     def hold_gpus(self, servers: int) -> None:
         """Each server's scheduler (`sglang::scheduler` all, at TP 1) holds 75 GB on a GPU of its own."""
-        node = self.cluster.nodes[0]
+        node = self.cluster.nodes[self.node]
 
         def schedulers() -> list[psutil.Process] | None:
             found = node.titled("sglang::scheduler")
             return found if len(found) == servers else None
 
         for gpu, proc in enumerate(poll(schedulers, timeout=30, what="every scheduler")):
-            self.cluster.gpus[0][gpu]["processes"] = [{"pid": ns_pid(proc.pid), "used": 75e9}]
-        self.cluster.exporters[0].nvml.update(gpus=self.cluster.gpus[0])
+            self.cluster.gpus[self.node][gpu]["processes"] = [{"pid": ns_pid(proc.pid), "used": 75e9}]
+        self.cluster.exporters[self.node].nvml.update(gpus=self.cluster.gpus[self.node])
 
     def quiet(self, minutes: str) -> None:
         """Nothing fires for `minutes` of the rules' time."""
@@ -138,6 +140,23 @@ def test_an_idle_group_is_silent_and_a_transfer_that_stops_pages_once_for_the_gr
                           ("InferencePDRouterNoProgress", None)}, firing
         # One notification group, the group's: every alert of it there, none per server.
         assert {tuple(a["group"].items()) for a in cluster.hook.alerts} == {(("pd_group", group.key),)}
+
+
+@pytest.mark.root
+@pytest.mark.e2e
+def test_idle_1p1d_and_2p1d_groups_on_two_nodes_are_silent_for_two_hours(tmp_path: Path, daemons: list) -> None:
+    """A 1P1D group with its router on one node, a 2P1D group with its router on another (each router on port 8000 of
+    its node, so only the node tells their groups apart), every member idle as the real engines are without traffic:
+    nothing fires for two hours of the rules' time (issue 29)."""
+    require_nodes()
+    with contextlib.ExitStack() as stack:
+        cluster = Cluster(stack, tmp_path, daemons, 2)
+        one = Group(cluster)
+        two = Group(cluster, (PREFILL, PREFILL_2), node=1)
+        assert one.key != two.key
+        print(f"idle for {rule_seconds('2h'):g} s: groups {one.key} (1P1D) and {two.key} (2P1D)")
+        one.quiet("2h")
+        assert len(cluster.query('stallwatch_startup_phase{phase="serving"} == 1')) == 7  # every member still serves
 
 
 @pytest.mark.root

@@ -1,6 +1,7 @@
 """Nodes of a multi-node deployment on one machine, for real: each node is its own PID and mount namespace (a
 `/proc` of its own, so the exporter on it sees only that node's processes, with that node's pids) and its own
-network namespace (a veth pair in 198.18.0.0/15, `sandbox.Netns`). Processes join a node through `prefix()`
+network namespace (a veth pair in 198.18.0.0/15, `sandbox.Netns`), with its name as its hostname (a UTS namespace of
+its own). Processes join a node through `prefix()`
 (`nsenter` into the node's init). Everything in a node ends with it: killing its init ends its PID namespace.
 `Cluster`: nodes, each with its exporter, one Prometheus over them and Alertmanager with the shipped routes.
 """
@@ -41,9 +42,11 @@ class Node:
         self.netns = Netns().create()
         self.address = self.netns.address
         try:
-            # `--mount-proc`: a /proc of the new PID namespace; `sleep` is its init (pid 1) and holds it open.
-            self._holder = subprocess.Popen([*self.netns.exec_prefix(), "unshare", "--pid", "--mount", "--fork",
-                                             "--mount-proc", "--kill-child", "sleep", "infinity"],
+            # `--mount-proc`: a /proc of the new PID namespace; `sleep` is its init (pid 1) and holds it open. Its
+            # own hostname too, as a node has (a key made on one node names it: a PD group by its router).
+            self._holder = subprocess.Popen([*self.netns.exec_prefix(), "unshare", "--pid", "--mount", "--uts",
+                                             "--fork", "--mount-proc", "--kill-child", "sh", "-c",
+                                             f"hostname {name} && exec sleep infinity"],
                                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             self.init_pid = poll(self._init, timeout=10, what=f"node {name}'s init")
         except BaseException:
@@ -59,7 +62,7 @@ class Node:
 
     def prefix(self) -> list[str]:
         """Run a command inside the node: its network, PID and mount namespaces (a fork of `nsenter`)."""
-        return ["nsenter", "-t", str(self.init_pid), "-n", "-p", "-m", "--"]
+        return ["nsenter", "-t", str(self.init_pid), "-n", "-p", "-m", "-u", "--"]
 
     def processes(self) -> list[psutil.Process]:
         """The node's processes (but its init) as the host sees them: those in its PID namespace (`nsenter` makes
