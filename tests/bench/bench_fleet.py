@@ -291,7 +291,8 @@ def alerts(prometheus: Prometheus, nodes: list[fleet.Node]) -> None:
         return bool(prometheus.query(f'min_over_time(up{{job="stallwatch",instance="{instance}"}}[{window}s]) == 0'))
 
     false = firing - expected
-    restarted = {e for e in expected - firing if e in pending and scrape_failed(*e)}
+    # Pending again, or not yet: a group that evaluates every minute may not have run since the series came back.
+    restarted = {e for e in expected - firing if scrape_failed(*e)}
     missed = expected - firing - restarted
     print(f"alerts: {len(expected)} (alert, node) pairs expected, {len(firing)} firing, "
           f"{len(expected & firing)} of them expected")
@@ -305,7 +306,7 @@ def alerts(prometheus: Prometheus, nodes: list[fleet.Node]) -> None:
         f"\n  {name} on {inst} ({by_instance[inst].state} {by_instance[inst].engine})"
         for name, inst in sorted(missed)))
     if restarted:
-        print("pending again after a failed scrape within their `for` (the series went stale): " + ", ".join(
+        print("held back again by a failed scrape within their `for` (the series went stale): " + ", ".join(
             f"{name} on {inst}" for name, inst in sorted(restarted)))
     others = Counter(name for name, _ in pending - expected)
     print("pending, not expected (held back by `for`): "

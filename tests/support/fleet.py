@@ -90,8 +90,9 @@ def live_template(tmp: Path, engine: str) -> Template:
                     ecc_uncorrected=0, remapped_rows=[0, 0, 0, 0], pcie_replays=0, clock_reasons=0)
         for gpu, rank in zip(nvml, ranks, strict=True):
             gpu["processes"] = [{"pid": rank.pid, "used": 75e9}]
-        # Discovery off: this machine's other engines are no part of the node.
-        exporter = Exporter(tmp, nvml={"gpus": nvml}, config=(
+        # Discovery off: this machine's other engines are no part of the node. The collectors' defaults, as a node
+        # runs them (no detail families: the test harness turns those on for its evidence).
+        exporter = Exporter(tmp, nvml={"gpus": nvml}, details=False, config=(
             "discovery: {enabled: false}\n"
             "engine_metrics: {interval: 1s, timeout: 1s}\n"
             f"servers:\n  - name: {engine}-template\n    engine: {engine}\n"
