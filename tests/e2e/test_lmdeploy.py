@@ -23,13 +23,7 @@ IDLE = {"running": 0, "waiting": 0, "throughput": 0.0, "tokens_start": 5000, "in
 
 def _engine_process(sim: Engine) -> int:
     """The pid of the PyTorch engine's process (`ZMQMPEngine`), which holds the weights."""
-    def named(process: psutil.Process) -> str:
-        try:
-            return process.name()
-        except psutil.NoSuchProcess:  # a child that ended while the children were listed (CI: a launch helper's)
-            return ""
-
-    return poll(lambda: next((p.pid for p in psutil.Process(sim.proc.pid).children() if named(p) == "ZMQMPEngine"),
+    return poll(lambda: next((p.pid for p in psutil.Process(sim.proc.pid).children() if p.name() == "ZMQMPEngine"),
                              None), timeout=30, what=f"{sim.name}'s engine process")
 
 

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
+import psutil
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -71,7 +72,8 @@ def poll(check: Callable[[], T], timeout: float = 10.0, interval: float = 0.05, 
             if value:
                 return value
             last = value
-        except (AssertionError, OSError, KeyError, ValueError) as exc:
+        # psutil.Error: a child that ended while a process's children were read (a launcher's, gone a moment later)
+        except (AssertionError, OSError, KeyError, ValueError, psutil.Error) as exc:
             last = exc
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}; last: {last!r}")
