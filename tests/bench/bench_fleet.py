@@ -52,6 +52,7 @@ def fetch_fails(index: int, step: int) -> bool:
     `up` was 0 within its `for`) from a missed one."""
     return hash((index, step)) % 1000 < METRICS_FAILURES * 1000
 WINDOW = "5m"  # the window of the figures
+IDLE_WINDOW = 300  # seconds: the rules' idle window (rules/stallwatch.rules.yml, `[5m]` with `offset 5m`)
 
 
 class Pages(ThreadingHTTPServer):
@@ -288,8 +289,10 @@ def alerts(prometheus: Prometheus, nodes: list[fleet.Node]) -> None:
              for r in g["rules"] if r["type"] == "alerting"}
 
     def scrape_failed(name: str, instance: str) -> bool:
-        """Whether the node's `up` was 0 within the alert's `for` (and an evaluation's slack)."""
-        window = int(waits.get(name, 0) + 2 * fleet.STEP)
+        """Whether the node's `up` was 0 within the alert's `for`, the idle window before it (the rules' 5-minute
+        rates need the window full, `offset 5m`: a stale sample there holds them back as long) and an evaluation's
+        slack."""
+        window = int(waits.get(name, 0) + IDLE_WINDOW + 2 * fleet.STEP)
         return bool(prometheus.query(f'min_over_time(up{{job="stallwatch",instance="{instance}"}}[{window}s]) == 0'))
 
     false = firing - expected
