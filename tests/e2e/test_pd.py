@@ -1,13 +1,17 @@
 """Prefill/decode disaggregated groups end to end: a simulated 1P1D SGLang group with its router on a node of its own,
 the real Prometheus with the shipped rules (time compressed) and the real Alertmanager with the shipped routes. A
 healthy idle group raises nothing; a KV transfer that stops pages once for the group, naming the stage and the
-members, before the engines' own 300 s abort; a decode whose prefill died pages as the peer lost."""
+members, before the engines' own 300 s abort; a decode whose prefill died pages as the peer lost. A vLLM group over
+NIXL behind vLLM's toy proxy is found and judged by the same rules."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import signal
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
@@ -24,47 +28,101 @@ from support.stack import PIPELINE, rule_seconds
 IDLE = {"running": 0, "waiting": 0, "throughput": 0.0, "tokens_start": 5000, "interval": 0.5, "pending": {},
         "transfers_start": 40, "transfers_rate": 0.0}
 PREFILL, DECODE, PREFILL_2 = 30000, 30001, 30002
+ROUTER = 8000
+
+
+@dataclass(frozen=True)
+class Flavor:
+    """One engine's PD group: its members' launch lines, command lines by role and stop, its router's command line
+    and launch lines from the members' ports, the title of the process that holds a member's GPU memory, and
+    whether the router serves its own view of its workers."""
+
+    engine: str
+    launch: dict[str, str]
+    args: dict[str, tuple[str, ...]]
+    stop: str
+    router: str
+    router_args: Callable[[tuple[int, ...], int], tuple[str, ...]]
+    router_launch: Callable[[tuple[int, ...], int], str]
+    holder: str
+    router_view: bool
+
+
+def _urls(ports: tuple[int, ...]) -> list[str]:
+    return [f"http://127.0.0.1:{port}" for port in ports]
+
+
+# SGLang's members with `--disaggregation-mode` behind sgl-router, which lists them on its command line and retitles
+# itself `sglang::router`; the exporter reads its workers from its metrics page.
+SGLANG = Flavor(
+    engine="sglang",
+    launch={"prefill": t.sglang_pd_bootstrap(tp=1), "decode": t.sglang_healthy(tp=1)},
+    args={role: ("--host", "127.0.0.1", "--enable-metrics", "--disaggregation-mode", role)
+          for role in ("prefill", "decode")},
+    stop=t.sglang_sigterm_stop(),
+    router="sglang_router",
+    router_args=lambda prefills, decode: (*(arg for url in _urls(prefills) for arg in ("--prefill", url, "8998")),
+                                          "--decode", *_urls((decode,))),
+    router_launch=lambda prefills, decode: t.sglang_router_start([(url, 8998) for url in _urls(prefills)],
+                                                                  _urls((decode,)), ROUTER),
+    holder="sglang::scheduler",
+    router_view=True,
+)
+# vLLM's members over NIXL (`kv_role` in `--kv-transfer-config`, docs/features/nixl_connector_usage.md) behind its toy
+# proxy, which lists them as host and port lists and has no metrics page; each one's EngineCore holds the weights.
+VLLM = Flavor(
+    engine="vllm",
+    launch={"prefill": t.vllm_healthy(tp=1), "decode": t.vllm_healthy(tp=1)},
+    args={role: ("--host", "127.0.0.1", "--kv-transfer-config",
+                 json.dumps({"kv_connector": "NixlConnector", "kv_role": kv_role}))
+          for role, kv_role in (("prefill", "kv_producer"), ("decode", "kv_consumer"))},
+    stop=t.vllm_sigterm_stop(),
+    router="vllm_proxy",
+    router_args=lambda prefills, decode: ("--host", "127.0.0.1", "--prefiller-hosts", *["127.0.0.1"] * len(prefills),
+                                          "--prefiller-ports", *map(str, prefills), "--decoder-hosts", "127.0.0.1",
+                                          "--decoder-ports", str(decode)),
+    router_launch=lambda prefills, decode: t.vllm_toy_proxy_start(len(prefills), 1, ROUTER),
+    holder="VLLM::EngineCore",
+    router_view=False,
+)
 
 
 class Group:
-    """Prefills (`prefills`: their ports), a decode and their router on node `node` (the router lists them on its
-    command line and retitles itself `sglang::router`, so the exporter reads its workers from its metrics page), each
-    server's scheduler holding a GPU of its own."""
+    """Prefills (`prefills`: their ports), a decode and their router of `flavor` on node `node`, each server's
+    holder process holding a GPU of its own."""
 
-    def __init__(self, cluster: Cluster, prefills: tuple[int, ...] = (PREFILL,), node: int = 0) -> None:
-        self.cluster, self.node = cluster, node
+    def __init__(self, cluster: Cluster, prefills: tuple[int, ...] = (PREFILL,), node: int = 0,
+                 flavor: Flavor = SGLANG) -> None:
+        self.cluster, self.node, self.flavor = cluster, node, flavor
         on = f'instance="{cluster.instance(node)}"'
-        pd = ("--host", "127.0.0.1", "--enable-metrics")
         self.prefills = [self.start_prefill(port) for port in prefills]
         self.prefill = self.prefills[0]
-        self.decode = cluster.engine(node, "sglang", t.sglang_healthy(tp=1), final="serve", tp=1, port=DECODE,
-                                     args=(*pd, "--disaggregation-mode", "decode"), work=dict(IDLE), live_work=True)
-        urls = [f"http://127.0.0.1:{port}" for port in prefills]
-        listed = [arg for url in urls for arg in ("--prefill", url, "8998")]
-        self.router = cluster.engine(node, "sglang_router", t.sglang_router_start(
-            [(url, 8998) for url in urls], [f"http://127.0.0.1:{DECODE}"], 8000), final="serve", port=8000,
-            args=(*listed, "--decode", f"http://127.0.0.1:{DECODE}"), work={"running": 0}, live_work=True)
+        self.decode = cluster.engine(node, flavor.engine, flavor.launch["decode"], final="serve", tp=1, port=DECODE,
+                                     args=flavor.args["decode"], work=dict(IDLE), live_work=True)
+        self.router = cluster.engine(node, flavor.router, flavor.router_launch(prefills, DECODE), final="serve",
+                                     port=ROUTER, args=flavor.router_args(prefills, DECODE), work={"running": 0},
+                                     live_work=True)
         self.hold_gpus(len(prefills) + 1)
         count = len(prefills) + 2
-        # Each member's group once the router's page is read (an empty `pd_group` before: Prometheus drops the label).
+        # Each member's group once the router is read (an empty `pd_group` before: Prometheus drops the label).
         members = poll(lambda: (found := cluster.query(f'stallwatch_pd_member_info{{pd_group!="",{on}}}'))
                        and len(found) == count and found, timeout=30, what="the group's members")
         self.key = members[0]["metric"]["pd_group"]
+        name = flavor.engine
         assert {(m["metric"]["pd_group"], m["metric"]["pd_role"], m["metric"]["server"]) for m in members} == {
-            *((self.key, "prefill", f"sglang-{port}") for port in prefills), (self.key, "decode", f"sglang-{DECODE}"),
+            *((self.key, "prefill", f"{name}-{port}") for port in prefills), (self.key, "decode", f"{name}-{DECODE}"),
             (self.key, "router", self.router_name)}
         poll(lambda: len(cluster.query(f'stallwatch_startup_phase{{phase="serving",{on}}} == 1')) == count, timeout=30,
              what="the group serving")
-        # The router's own view: every worker healthy.
-        poll(lambda: [w["value"][1] for w in cluster.query(f"stallwatch_router_worker_up{{{on}}}")]
-             == ["1"] * (count - 1), timeout=30, what="the router's view of its workers")
+        if flavor.router_view:  # the router's own view: every worker healthy
+            poll(lambda: [w["value"][1] for w in cluster.query(f"stallwatch_router_worker_up{{{on}}}")]
+                 == ["1"] * (count - 1), timeout=30, what="the router's view of its workers")
 
     def start_prefill(self, port: int) -> Engine:
         """A prefill server on `port`, idle once serving, that drains and exits on SIGTERM."""
-        return self.cluster.engine(self.node, "sglang", t.sglang_pd_bootstrap(tp=1), final="serve", tp=1, port=port,
-                                   args=("--host", "127.0.0.1", "--enable-metrics", "--disaggregation-mode",
-                                         "prefill"), work=dict(IDLE), live_work=True,
-                                   on_sigterm=t.sglang_sigterm_stop())
+        return self.cluster.engine(self.node, self.flavor.engine, self.flavor.launch["prefill"], final="serve", tp=1,
+                                   port=port, args=self.flavor.args["prefill"], work=dict(IDLE), live_work=True,
+                                   on_sigterm=self.flavor.stop)
 
     @property
     def router_name(self) -> str:
@@ -73,14 +131,15 @@ class Group:
         return found[0]["metric"]["server"] if found else ""
 
     def hold_gpus(self, servers: int) -> None:
-        """Each server's scheduler (`sglang::scheduler` all, at TP 1) holds 75 GB on a GPU of its own."""
+        """Each server's holder (SGLang's `sglang::scheduler` at TP 1, vLLM's `VLLM::EngineCore`) holds 75 GB on a
+        GPU of its own."""
         node = self.cluster.nodes[self.node]
 
-        def schedulers() -> list[psutil.Process] | None:
-            found = node.titled("sglang::scheduler")
+        def holders() -> list[psutil.Process] | None:
+            found = node.titled(self.flavor.holder)
             return found if len(found) == servers else None
 
-        for gpu, proc in enumerate(poll(schedulers, timeout=30, what="every scheduler")):
+        for gpu, proc in enumerate(poll(holders, timeout=30, what=f"every {self.flavor.holder}")):
             self.cluster.gpus[self.node][gpu]["processes"] = [{"pid": ns_pid(proc.pid), "used": 75e9}]
         self.cluster.exporters[self.node].nvml.update(gpus=self.cluster.gpus[self.node])
 
@@ -140,6 +199,42 @@ def test_an_idle_group_is_silent_and_a_transfer_that_stops_pages_once_for_the_gr
                           ("InferencePDRouterNoProgress", None)}, firing
         # One notification group, the group's: every alert of it there, none per server.
         assert {tuple(a["group"].items()) for a in cluster.hook.alerts} == {(("pd_group", group.key),)}
+
+
+@pytest.mark.root
+@pytest.mark.e2e
+def test_a_vllm_group_behind_its_toy_proxy_is_silent_idle_and_a_transfer_that_stops_pages_once(
+    tmp_path: Path, daemons: list
+) -> None:
+    """vLLM 1P1D over NIXL (`kv_producer`, `kv_consumer`) behind vLLM's toy proxy, which has no metrics page: the
+    group is the proxy's host lists, and idle for 10 scaled minutes it raises nothing. Then the decode's two KV
+    fetches stay `in_progress` (NIXL's transfer count flat, nothing running on the prefill, which finished its part
+    before the proxy sent the request on): InferencePDTransferStuck pages once, for the group, in stage transfer,
+    within 5 scaled minutes (issue 29)."""
+    require_nodes()
+    with contextlib.ExitStack() as stack:
+        cluster = Cluster(stack, tmp_path, daemons, 1)
+        group = Group(cluster, flavor=VLLM)
+        group.quiet("10m")
+
+        group.decode.update_work(pending={"transfer": 2})
+        stopped = time.time()
+        page = poll(lambda: next((a for a in _pd_pages(cluster) if a["status"] == "firing"), None), timeout=60,
+                    interval=0.2, what="the stuck transfer's page")
+        latency = page["received_at"] - stopped
+        bound = rule_seconds("4m") + PIPELINE
+        print(f"vLLM transfer stuck: paged {latency:.1f} s after it stopped (promise {bound:g} s)")
+        assert latency < bound
+        assert (page["labels"]["alertname"], page["labels"]["stage"], page["labels"]["pd_group"], page["group"]) == (
+            "InferencePDTransferStuck", "transfer", group.key, {"pd_group": group.key})
+        description = page["annotations"]["description"]
+        assert f"decode vllm-{DECODE} on {cluster.instance(0)}, 2 in transfer;" in description
+        assert f"prefill vllm-{PREFILL} on {cluster.instance(0)};" in description
+        time.sleep(rule_seconds("1m"))
+        assert [a["metric"]["alertname"] for a in cluster.firing()] == ["InferencePDTransferStuck"]
+        # One page: every notification the group's, of this one alert.
+        assert {(a["labels"]["alertname"], a["labels"].get("stage"), tuple(a["group"].items()))
+                for a in cluster.hook.alerts} == {("InferencePDTransferStuck", "transfer", (("pd_group", group.key),))}
 
 
 @pytest.mark.root

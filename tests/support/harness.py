@@ -230,6 +230,7 @@ ENGINE_COMMANDS = {
     # `children`), is the server.
     "xinference": [sys.executable, str(SIM_BIN / "xinference-local"), "--host", "127.0.0.1"],
     "sglang_router": [sys.executable, "-m", "sglang_router.launch_router", "--pd-disaggregation"],
+    "vllm_proxy": [sys.executable, str(SIM_BIN / "toy_proxy_server.py")],
 }
 
 PORT_FLAGS = {"lmdeploy": "--server-port"}  # where the engine's port flag is not `--port`

@@ -235,6 +235,15 @@ def vllm_healthy(tp: int = 2) -> str:
     return out
 
 
+def vllm_sigterm_stop() -> str:
+    """SIGTERM to the API server: the launcher's shutdown, then uvicorn's (the corpus's
+    `vllm-0.18.1-tp4-stop-mid-generation.log`)."""
+    return (_vl("APIServer", 525681, "10:40:00", "launcher.py:137", "Shutting down FastAPI HTTP server.")
+            + "(APIServer pid=525681) INFO:     Shutting down\n"
+              "(APIServer pid=525681) INFO:     Waiting for application shutdown.\n"
+              "(APIServer pid=525681) INFO:     Application shutdown complete.\n")
+
+
 def vllm_shm_stall(tp: int = 2, repeats: int = 3) -> str:
     """Serving, then EngineCore's workers hang: the ring buffer warning every 60 s, requests stuck."""
     out = vllm_healthy(tp)
@@ -735,6 +744,16 @@ def sglang_lost_prefill(address: str, affected: int) -> str:
             + _sg("10:30:05", f"Attempting to reconnect to {address}...", 0)
             + _sg("10:30:10", f"Lost connection with prefill instance (bootstrap_addr: {address}), {affected} "
                   "requests affected", 0))
+
+
+def vllm_toy_proxy_start(prefills: int, decodes: int, port: int) -> str:
+    """vLLM's toy proxy's start under uvicorn: its lifespan's count of clients between uvicorn's lines
+    (`toy_proxy_server.py@030ea52` `lifespan`)."""
+    return ("INFO:     Started server process [61234]\n"
+            "INFO:     Waiting for application startup.\n"
+            f"Initialized {prefills} prefill clients and {decodes} decode clients.\n"
+            "INFO:     Application startup complete.\n"
+            f"INFO:     Uvicorn running on http://localhost:{port} (Press CTRL+C to quit)\n")
 
 
 def sglang_router_start(prefills: list[tuple[str, int]], decodes: list[str], port: int) -> str:

@@ -195,7 +195,26 @@ def _per_engine_page(work: Work, prefix: str, model: str) -> str:
 
 
 def _vllm_page(work: Work) -> str:
-    return _per_engine_page(work, "vllm:", "meta-llama/Llama-3.1-70B")
+    """With a KV role, a consumer's fetches by stage (`v1/metrics/loggers.py:571-591`) and NIXL's transfer-time
+    histogram, whose count is the transfers completed (`kv_connector/v1/nixl/stats.py:188-276`)."""
+    model = "meta-llama/Llama-3.1-70B"
+    page = _per_engine_page(work, "vllm:", model)
+    if work.role == "decode" or "pending" in work.spec:
+        page += _series("vllm:num_requests_kv_fetch_by_stage", "gauge", "Number of requests in each KV fetch stage.",
+                        [(f'{{engine="0",model_name="{model}",stage="{stage}"}}', work.pending(pending))
+                         for stage, pending in VLLM_KV_FETCH_STAGES])
+    if work.role:
+        page += ("# HELP vllm:nixl_xfer_time_seconds Histogram of transfer duration for NIXL KV Cache transfers.\n"
+                 "# TYPE vllm:nixl_xfer_time_seconds histogram\n"
+                 f'vllm:nixl_xfer_time_seconds_bucket{{engine="0",le="+Inf",model_name="{model}"}} '
+                 f"{work.transfers()}\n"
+                 f'vllm:nixl_xfer_time_seconds_count{{engine="0",model_name="{model}"}} {work.transfers()}\n'
+                 f'vllm:nixl_xfer_time_seconds_sum{{engine="0",model_name="{model}"}} {work.transfers() * 0.02}\n')
+    return page
+
+
+# vLLM's KV fetch stages and the work spec's `pending` stage each is read as (stallwatch/engines/vllm.py).
+VLLM_KV_FETCH_STAGES = (("waiting_to_start", "prealloc"), ("in_progress", "transfer"), ("completed_waiting", ""))
 
 
 # SGLang's PD queues and transfer histogram (`srt/observability/metrics_collector.py:582-604,637-699`), with the
@@ -360,6 +379,7 @@ def _sglang_pd_batch(clock: str, rank: int, running: int, waiting: int, throughp
 PD_STATS_LINES = {"sglang": {"prefill": _sglang_pd_batch, "decode": _sglang_pd_batch}}
 
 
+KV_ROLES = {"kv_producer": "prefill", "kv_consumer": "decode"}
 DUMMY_ROUTES = ("/health", "/health_generate", "/ping")
 
 
@@ -450,6 +470,7 @@ def main(engine: str) -> None:
     parser.add_argument("--tp", "--tp-size", "--tensor-parallel-size", "--num-shard", "--tp_size", dest="tp", type=int,
                         default=1)
     parser.add_argument("--disaggregation-mode", default="")
+    parser.add_argument("--kv-transfer-config", default="{}")  # vLLM's: `kv_role` kv_producer or kv_consumer
     args, _ = parser.parse_known_args()
     args.port = int(args.port)
     with open(os.environ["ENGINESIM_SCENARIO"]) as handle:
@@ -481,7 +502,9 @@ def main(engine: str) -> None:
     if final == "crash":
         os._exit(1)
     if final == "serve":
-        role = args.disaggregation_mode if args.disaggregation_mode in ("prefill", "decode") else ""
+        kv_role = json.loads(args.kv_transfer_config).get("kv_role")
+        role = (args.disaggregation_mode if args.disaggregation_mode in ("prefill", "decode")
+                else KV_ROLES.get(kv_role, ""))
         work = Work(engine, scenario["work"], role, scenario.get("work_file")) if "work" in scenario else None
         http = scenario.get("http", "api")
         if http != "none":
@@ -565,4 +588,22 @@ def router_main() -> None:
     metrics = ThreadingHTTPServer(("0.0.0.0", args.prometheus_port), Metrics)
     metrics.daemon_threads = True
     threading.Thread(target=metrics.serve_forever, daemon=True).start()
+    wait_for_draft_hidden_states()
+
+
+def toy_proxy_main() -> None:
+    """`python toy_proxy_server.py --port 8000 --prefiller-hosts H.. --prefiller-ports P.. --decoder-hosts ..
+    --decoder-ports ..`, vLLM's disaggregated-prefill proxy (`tests/v1/kv_connector/nixl_integration/
+    toy_proxy_server.py@030ea52`): it logs its start (the scenario's transcript) and answers `/healthcheck` with a
+    constant 200. It has no metrics page."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--host", default="localhost")
+    parser.add_argument("--port", type=int, default=8000)
+    args, _ = parser.parse_known_args()
+    with open(os.environ["ENGINESIM_SCENARIO"]) as handle:
+        scenario = json.load(handle)
+    with open(scenario["transcript"], "rb") as transcript:
+        sys.stdout.buffer.write(transcript.read())
+    sys.stdout.buffer.flush()
+    _http(args.host, args.port, 200)
     wait_for_draft_hidden_states()
