@@ -33,19 +33,21 @@ ROUTER = 8000
 
 @dataclass(frozen=True)
 class Flavor:
-    """One engine's PD group: its members' launch lines, command lines by role and stop, its router's command line
-    and launch lines from the members' ports, the title of the process that holds a member's GPU memory, and
-    whether the router serves its own view of its workers."""
+    """One engine's PD group: its members' launch lines, command lines by role, environment by port and stop, the
+    title of the process that holds a member's GPU memory, and its router (none: the members' environment names
+    the group): the router's command line and launch lines from the members' ports, and whether it serves its own
+    view of its workers."""
 
     engine: str
     launch: dict[str, str]
     args: dict[str, tuple[str, ...]]
     stop: str
-    router: str
-    router_args: Callable[[tuple[int, ...], int], tuple[str, ...]]
-    router_launch: Callable[[tuple[int, ...], int], str]
     holder: str
-    router_view: bool
+    env: Callable[[int], dict[str, str]] = lambda port: {}
+    router: str = ""
+    router_args: Callable[[tuple[int, ...], int], tuple[str, ...]] = lambda prefills, decode: ()
+    router_launch: Callable[[tuple[int, ...], int], str] = lambda prefills, decode: ""
+    router_view: bool = False
 
 
 def _urls(ports: tuple[int, ...]) -> list[str]:
@@ -83,7 +85,16 @@ VLLM = Flavor(
                                           "--decoder-ports", str(decode)),
     router_launch=lambda prefills, decode: t.vllm_toy_proxy_start(len(prefills), 1, ROUTER),
     holder="VLLM::EngineCore",
-    router_view=False,
+)
+# Dynamo's vLLM workers (`--disaggregation-mode`), grouped by their namespace and model (`DYN_NAMESPACE`), with no
+# router the exporter watches (the frontend holds no model); each serves vLLM's page on its `DYN_SYSTEM_PORT`.
+DYNAMO_VLLM = Flavor(
+    engine="dynamo-vllm",
+    launch={"prefill": t.dynamo_vllm_healthy(), "decode": t.dynamo_vllm_healthy()},
+    args={role: ("--model", "Qwen/Qwen3-0.6B", "--disaggregation-mode", role) for role in ("prefill", "decode")},
+    stop=t.dynamo_stop(),
+    holder="VLLM::EngineCore",
+    env=lambda port: {"DYN_NAMESPACE": "dynamo", "DYN_SYSTEM_PORT": str(port)},
 )
 
 
@@ -98,12 +109,13 @@ class Group:
         self.prefills = [self.start_prefill(port) for port in prefills]
         self.prefill = self.prefills[0]
         self.decode = cluster.engine(node, flavor.engine, flavor.launch["decode"], final="serve", tp=1, port=DECODE,
-                                     args=flavor.args["decode"], work=dict(IDLE), live_work=True)
+                                     args=flavor.args["decode"], env=flavor.env(DECODE), work=dict(IDLE),
+                                     live_work=True)
         self.router = cluster.engine(node, flavor.router, flavor.router_launch(prefills, DECODE), final="serve",
                                      port=ROUTER, args=flavor.router_args(prefills, DECODE), work={"running": 0},
-                                     live_work=True)
+                                     live_work=True) if flavor.router else None
         self.hold_gpus(len(prefills) + 1)
-        count = len(prefills) + 2
+        count = len(prefills) + 1 + (self.router is not None)
         # Each member's group once the router is read (an empty `pd_group` before: Prometheus drops the label).
         members = poll(lambda: (found := cluster.query(f'stallwatch_pd_member_info{{pd_group!="",{on}}}'))
                        and len(found) == count and found, timeout=30, what="the group's members")
@@ -111,7 +123,7 @@ class Group:
         name = flavor.engine
         assert {(m["metric"]["pd_group"], m["metric"]["pd_role"], m["metric"]["server"]) for m in members} == {
             *((self.key, "prefill", f"{name}-{port}") for port in prefills), (self.key, "decode", f"{name}-{DECODE}"),
-            (self.key, "router", self.router_name)}
+            *([(self.key, "router", self.router_name)] if self.router else [])}
         poll(lambda: len(cluster.query(f'stallwatch_startup_phase{{phase="serving",{on}}} == 1')) == count, timeout=30,
              what="the group serving")
         if flavor.router_view:  # the router's own view: every worker healthy
@@ -121,8 +133,8 @@ class Group:
     def start_prefill(self, port: int) -> Engine:
         """A prefill server on `port`, idle once serving, that drains and exits on SIGTERM."""
         return self.cluster.engine(self.node, self.flavor.engine, self.flavor.launch["prefill"], final="serve", tp=1,
-                                   port=port, args=self.flavor.args["prefill"], work=dict(IDLE), live_work=True,
-                                   on_sigterm=self.flavor.stop)
+                                   port=port, args=self.flavor.args["prefill"], env=self.flavor.env(port),
+                                   work=dict(IDLE), live_work=True, on_sigterm=self.flavor.stop)
 
     @property
     def router_name(self) -> str:
@@ -203,18 +215,18 @@ def test_an_idle_group_is_silent_and_a_transfer_that_stops_pages_once_for_the_gr
 
 @pytest.mark.root
 @pytest.mark.e2e
-def test_a_vllm_group_behind_its_toy_proxy_is_silent_idle_and_a_transfer_that_stops_pages_once(
-    tmp_path: Path, daemons: list
-) -> None:
-    """vLLM 1P1D over NIXL (`kv_producer`, `kv_consumer`) behind vLLM's toy proxy, which has no metrics page: the
-    group is the proxy's host lists, and idle for 10 scaled minutes it raises nothing. Then the decode's two KV
-    fetches stay `in_progress` (NIXL's transfer count flat, nothing running on the prefill, which finished its part
-    before the proxy sent the request on): InferencePDTransferStuck pages once, for the group, in stage transfer,
-    within 5 scaled minutes (issue 29)."""
+@pytest.mark.parametrize("flavor", [VLLM, DYNAMO_VLLM], ids=["vllm-toy-proxy", "dynamo-vllm"])
+def test_a_vllm_group_is_silent_idle_and_a_transfer_that_stops_pages_once(tmp_path: Path, daemons: list,
+                                                                          flavor: Flavor) -> None:
+    """vLLM 1P1D over NIXL (`kv_producer`, `kv_consumer`) behind vLLM's toy proxy, which has no metrics page, the
+    group the proxy's host lists; and Dynamo's vLLM workers, the group their namespace and model. Idle for 10 scaled
+    minutes it raises nothing. Then the decode's two KV fetches stay `in_progress` (NIXL's transfer count flat,
+    nothing running on the prefill, which finished its part before the proxy sent the request on):
+    InferencePDTransferStuck pages once, for the group, in stage transfer, within 5 scaled minutes (issue 29)."""
     require_nodes()
     with contextlib.ExitStack() as stack:
         cluster = Cluster(stack, tmp_path, daemons, 1)
-        group = Group(cluster, flavor=VLLM)
+        group = Group(cluster, flavor=flavor)
         group.quiet("10m")
 
         group.decode.update_work(pending={"transfer": 2})
@@ -228,8 +240,8 @@ def test_a_vllm_group_behind_its_toy_proxy_is_silent_idle_and_a_transfer_that_st
         assert (page["labels"]["alertname"], page["labels"]["stage"], page["labels"]["pd_group"], page["group"]) == (
             "InferencePDTransferStuck", "transfer", group.key, {"pd_group": group.key})
         description = page["annotations"]["description"]
-        assert f"decode vllm-{DECODE} on {cluster.instance(0)}, 2 in transfer;" in description
-        assert f"prefill vllm-{PREFILL} on {cluster.instance(0)};" in description
+        assert f"decode {flavor.engine}-{DECODE} on {cluster.instance(0)}, 2 in transfer;" in description
+        assert f"prefill {flavor.engine}-{PREFILL} on {cluster.instance(0)}" in description
         time.sleep(rule_seconds("1m"))
         assert [a["metric"]["alertname"] for a in cluster.firing()] == ["InferencePDTransferStuck"]
         # One page: every notification the group's, of this one alert.
