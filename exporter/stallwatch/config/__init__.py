@@ -36,7 +36,7 @@ from stallwatch.config.values import (
     user_id,
 )
 from stallwatch.engines import ENGINES
-from stallwatch.engines.base import EVENTS, PHASES, Rule
+from stallwatch.engines.base import EVENTS, PD_ROLES, PHASES, Rule
 
 S = TypeVar("S", bound="CollectorSettings")
 
@@ -128,6 +128,7 @@ class ServerSpec:
     rules: tuple[Rule, ...] = ()  # extra log patterns, ahead of the engine's
     # The prefill/decode disaggregated group the server is a member of (`discovery.pd`); None: as found.
     pd_group: str | None = None
+    pd_role: str | None = None  # prefill | decode; None: from its command line or a router's lists
 
 
 @dataclass(frozen=True)
@@ -169,7 +170,7 @@ def _rule_list(r: Reader, node: yaml.Node, path: str, **meaning: str | bool) -> 
 
 def _server(r: Reader, node: yaml.Node, path: str, defaults: Defaults) -> ServerSpec:
     keys = r.mapping(node, path, {"name", "engine", "match", "logs", "probes", "gpus", "stall", "patterns",
-                                  "pd_group"})
+                                  "pd_group", "pd_role"})
     if "engine" not in keys:
         raise r.fail(node, f"{path}.engine", "missing; expected one of " + ", ".join(ENGINES))
     engine = r.scalar(keys["engine"], f"{path}.engine", choice(tuple(ENGINES)))
@@ -201,6 +202,7 @@ def _server(r: Reader, node: yaml.Node, path: str, defaults: Defaults) -> Server
         stall=r.struct(keys.get("stall"), f"{path}.stall", defaults.stall),
         rules=_patterns(r, keys["patterns"], f"{path}.patterns") if "patterns" in keys else (),
         pd_group=r.scalar(keys["pd_group"], f"{path}.pd_group", pd_group) if "pd_group" in keys else None,
+        pd_role=r.scalar(keys["pd_role"], f"{path}.pd_role", choice(PD_ROLES)) if "pd_role" in keys else None,
     )
 
 

@@ -40,13 +40,15 @@ class PdPlace:
 
 
 def place(engine: Engine, argv: Sequence[str], environ: Mapping[str, str], configured: str | None,
-          model: str) -> PdPlace | None:
-    """The server's PD place; None for a server that is neither a PD member nor a router."""
+          model: str, configured_role: str | None = None) -> PdPlace | None:
+    """The server's PD place; None for a server that is neither a PD member nor a router. `configured_role`, the
+    server's configured `pd_role`, stands before its command line's (llm-d's vLLM runs `kv_both`: only its pod's
+    `llm-d.ai/role` label, which the node cannot read, says which side it is)."""
     spec = engine.disaggregation
     if engine.router is not None:
         role, routes = "router", tuple(engine.router.members(argv))
     else:
-        role, routes = spec.role(argv) if spec is not None else "", ()
+        role, routes = configured_role or (spec.role(argv) if spec is not None else ""), ()
     if not role and (spec is None or not spec.member(argv)):
         return None
     key = configured or ""

@@ -175,7 +175,7 @@ class Server:
                                                                                   *DYNAMO_KEYS))
             member = membership(self.engine, flags, environ, workload, uid)
             host, port = self.engine.listen_address(flags, environ)
-            pd = place(self.engine, flags, environ, self.spec.pd_group, self.engine.model(flags))
+            pd = place(self.engine, flags, environ, self.spec.pd_group, self.engine.model(flags), self.spec.pd_role)
             launch = Launch(
                 key=key, process=process, argv=argv, flags=flags, workload=workload, host=host, port=port,
                 model=printable(self.engine.model(flags)), tensor_parallel=self.engine.tensor_parallel(flags),

@@ -60,6 +60,8 @@ def _fuzzed(rng: random.Random) -> str:
         ("web:\n  history_interval: 0s\n", 2, "web.history_interval", "expected"),
         ("servers:\n  - engine: sglang\n    pd_group: 'kimi\"} or vector(1)'\n", 3, "servers[0].pd_group",
          "expected a group name"),
+        ("servers:\n  - engine: vllm\n    pd_role: router\n", 3, "servers[0].pd_role",
+         "expected one of prefill, decode"),
         ("servers:\n  - engine: sglang\n    match: {user: no-such-user-here}\n", 3, "servers[0].match.user",
          "expected a uid (0 to 4294967294) or a user name known on this system, got 'no-such-user-here'"),
         ("servers:\n  - engine: sglang\n    match: {user: -1}\n", 3, "servers[0].match.user", "expected a uid"),
@@ -76,6 +78,11 @@ def test_bad_config_names_file_line_key_and_reason(text: str, line: int, key: st
 def test_a_configured_pd_group_is_kept() -> None:
     assert parse("servers:\n  - {engine: sglang, pd_group: llm/kimi-pd}\n").servers[0].pd_group == "llm/kimi-pd"
     assert parse("servers:\n  - {engine: sglang}\n").servers[0].pd_group is None
+
+
+def test_a_configured_pd_role_is_kept() -> None:
+    assert parse("servers:\n  - {engine: vllm, pd_role: decode}\n").servers[0].pd_role == "decode"
+    assert parse("servers:\n  - {engine: vllm}\n").servers[0].pd_role is None
 
 
 def test_a_configured_user_is_a_uid() -> None:

@@ -49,6 +49,18 @@ def test_a_router_joins_the_group_its_members_are_configured_in_and_a_remote_hos
     assert groups(seen, "n") == {"p": ("kimi", "prefill"), "d": ("", "decode"), "router": ("kimi", "router")}
 
 
+def test_a_configured_role_stands_before_the_command_lines() -> None:
+    """llm-d runs vLLM with `kv_both` and says the side in a pod label only: a configured `pd_role` makes the server a
+    member of that side, and outranks what its command line says; a router stays a router."""
+    vllm = ENGINES["vllm"]
+    both = ["vllm", "serve", "m", "--kv-transfer-config", '{"kv_connector":"NixlConnector","kv_role":"kv_both"}']
+    assert place(vllm, both, {}, "llm/kimi", "m", "decode") == PdPlace("decode", "llm/kimi")
+    assert place(SGLANG, PREFILL, {}, None, "m", "decode") == PdPlace("decode", "")
+    assert place(vllm, ["vllm", "serve", "m"], {}, "llm/kimi", "m", "prefill") == PdPlace("prefill", "llm/kimi")
+    router = place(ENGINES["vllm_proxy"], ["--prefiller-hosts", "h"], {}, None, "", "decode")
+    assert router is not None and router.role == "router"
+
+
 def test_a_vllm_kv_both_server_takes_its_role_from_the_proxys_lists() -> None:
     """NixlConnector ignores `kv_role` (the usage doc's own example is `kv_both`): the toy proxy's lists say which
     server prefills; a `kv_both` server no router lists has no role, and a server without a KV connector is none."""
