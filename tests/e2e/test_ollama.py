@@ -12,7 +12,7 @@ import psutil
 
 from support import transcripts as t
 from support.harness import Exporter, Ollama, gpus, poll
-from support.stack import Daemon, Webhook, alertmanager, prometheus, rule_seconds
+from support.stack import PIPELINE, Daemon, Webhook, alertmanager, prometheus, rule_seconds
 
 EXPORTER_CONFIG = ("discovery: {enabled: true, interval: 1s, forget_after: 1h}\n"
                    "defaults:\n  stall: {gpu_memory_bytes: 10e9, log_stale: 12s}\n"
@@ -116,3 +116,33 @@ def test_a_runner_whose_main_loop_froze_pages_while_ollama_answers(
     assert page["labels"]["severity"] == "critical"
     assert query(f'stallwatch_probe_success{{server="{sim.name}"}} == 1')  # `/` answered all along
     assert query(f'stallwatch_startup_phase{{server="{sim.name}",phase="serving"}} == 1')
+
+
+def test_a_clean_stop_raises_nothing_and_a_go_panic_pages(
+    exporter, ollama, daemons: list[Daemon], tmp_path: Path
+) -> None:
+    """`ollama serve` logs nothing as it stops: one serving a loaded model, stopped with SIGTERM (it ends its runner
+    first, as Ollama does), raises nothing long past InferenceServerDown's `for` (issue 28: a clean stop raises
+    nothing). The counter-test: one whose Go runtime panics (its stack in the log, exit 2) pages
+    InferenceServerFailed."""
+    hook, _, e, query = _stack(exporter, daemons, tmp_path)
+    go = tmp_path / "panic"
+    stopped = ollama([["log", t.ollama_serving()], ["serve"], *_load(MODELS[0])], t.llamacpp_healthy())
+    died = ollama([["log", t.ollama_serving()], ["serve"], ["wait", str(go)], ["log", t.ollama_panic()], ["exit", 2]],
+                  t.llamacpp_healthy())
+    for sim in (stopped, died):
+        poll(lambda sim=sim: query(f'stallwatch_startup_phase{{server="{sim.name}",phase="serving"}} == 1'),
+             timeout=30, what=f"{sim.name} serving")
+    stopped.proc.terminate()
+    stopped_at = time.time()
+    stopped.proc.wait(30)
+    e.wait_stopped_on_request(stopped.name, stopped.log)
+    go.touch()
+    page = poll(lambda: hook.find("InferenceServerFailed", died.name, "firing"), timeout=60, interval=0.2,
+                what="the panicked server's page")
+    assert page["labels"]["severity"] == "critical"
+
+    time.sleep(max(0.0, stopped_at + rule_seconds("5m") + PIPELINE - time.time()))
+    raised = [a["labels"] for a in hook.alerts if a["labels"].get("server") == stopped.name]
+    assert query(f'ALERTS{{server="{stopped.name}"}}') == [] and not raised, \
+        f"{raised}\n{e.seen(stopped.name, stopped.log)}"

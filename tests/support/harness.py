@@ -330,6 +330,8 @@ class Ollama:
     def __init__(self, tmp: Path, steps: list[list[object]], runner_transcript: str,
                  runner_final: str = "serve", runner_work: dict | None = None) -> None:
         self.port = free_port()
+        tmp = tmp / f"ollama-{self.port}"  # a folder each: several in one test
+        tmp.mkdir()
         transcript = tmp / "ollama-runner.transcript"
         transcript.write_text(runner_transcript)
         runner = tmp / "ollama-runner.json"

@@ -418,6 +418,19 @@ def ollama_load_timeout(blob: str = OLLAMA_BLOB) -> str:
     return (_ol("sched.go:641", "Load failed", f' model={blob} error="timed out waiting for llama-server to start - "')
             + '[GIN] 2026/11/20 - 09:19:03 | 500 |          5m0s |       127.0.0.1 | POST     "/api/generate"\n')
 
+
+def ollama_panic() -> str:
+    """`ollama serve` dying of an unrecovered panic, as Go's runtime prints it to stderr (`runtime/panic.go`
+    `printpanics`, then the signal and every goroutine's stack); the process exits 2."""
+    return ("panic: runtime error: invalid memory address or nil pointer dereference\n"
+            "[signal SIGSEGV: segmentation violation code=0x1 addr=0x0 pc=0x10d6a2e]\n\n"
+            "goroutine 1234 [running]:\n"
+            "github.com/ollama/ollama/server.(*Scheduler).processPending(0xc0001a4000, {0x1f3e0a8, 0xc00012e000})\n"
+            "\t/go/src/github.com/ollama/ollama/server/sched.go:200 +0x3ae\n"
+            "created by github.com/ollama/ollama/server.(*Scheduler).Run in goroutine 1\n"
+            "\t/go/src/github.com/ollama/ollama/server/sched.go:121 +0x6f\n")
+
+
 def _trt(clock: str, message: str, level: str = "I") -> str:
     """The TensorRT-LLM Python logger's line (`tensorrt_llm/logger.py`)."""
     return f"[11/20/2026-{clock}] [TRT-LLM] [{level}] {message}\n"

@@ -49,6 +49,11 @@ ENGINE = Engine(
     # InferenceServerEngineLoopStuck reads as it does for llama.cpp. Ollama's runners before 2026-05-29 (`ollama
     # runner`) serve no such page: their fetch fails with a status, which says nothing of the loop.
     runner_loops=RunnerLoops(role="runner", path="/slots"),
+    # `ollama serve` logs nothing as it stops: SIGINT and SIGTERM close its HTTP server and end its runners
+    # (`server/routes.go:2021-2030`, no line), so a server gone without a failure in its log stopped on request (no
+    # InferenceServerDown; a configured one still raises it). One killed outright (the OOM killer) reads the same;
+    # one that dies of its own says so first (Go's runtime, the rule below).
+    exit_is_stop=True,
     # gin's access log (`gin.Default()`, `server/routes.go:1869`; gin-gonic/gin `logger.go` `defaultLogFormatter`:
     # `[GIN] 2026/11/20 - 09:14:02 | 200 |  62.5µs |  127.0.0.1 | GET      "/"`) writes a line per request: those of
     # the pages a monitor polls (stallwatch's own probe of `/`, `/api/version`, `/api/ps`, `/api/tags`, routes.go:1877-
@@ -57,6 +62,12 @@ ENGINE = Engine(
     # fetch of `/slots` that timed out (`stop: cancel task`) are heartbeats too.
     heartbeats=heartbeats(r'\[GIN\] .*\| (?:GET|HEAD) +"/(?:api/(?:version|ps|tags))?"', *LLAMACPP_POLLED),
     rules=(
+        # Go's runtime as Ollama dies: an unrecovered panic (`runtime/panic.go` `printpanics`: `panic: ` at a line's
+        # start, then every goroutine's stack) or a fatal error (`throw`: `fatal error: `, e.g. `concurrent map
+        # writes`). The server's own since 2026-05-29, when its runners became llama.cpp's C++ `llama-server`; before,
+        # a Go runner (`ollama runner`) panicked into the same log, and a server stopped after that reads failed (a
+        # ticket rather than silence).
+        rule(r"^(?:panic: |fatal error: )", event="fatal"),
         # `Serve`'s first line (`server/routes.go:1951`): `msg="server config" env="map[...]"`.
         rule(r'msg="server config"', phase="launching", launch=True),
         # `server/routes.go:2008`: `msg="Listening on 127.0.0.1:11434 (version 0.30.1)"`.

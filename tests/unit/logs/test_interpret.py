@@ -508,6 +508,22 @@ def test_ollamas_2024_load_line_is_a_load_too() -> None:
     assert ENGINES["ollama"].role_title.search("/tmp/ollama3197932021/runners/cpu/ollama_llama_server --model x")
 
 
+def test_an_ollama_gone_without_a_word_stopped_and_one_whose_go_runtime_died_failed() -> None:
+    """`ollama serve` logs nothing as it stops (SIGTERM closes its HTTP server and ends its runners): gone without a
+    failure in its log, it stopped on request (no InferenceServerDown), with or without a load that failed (its
+    runner's). The counter-tests: Go's runtime, an unrecovered panic or a fatal error, then gone, is a failure; a
+    handler's panic that gin recovered (`recovery.go`: `[Recovery] <time> panic recovered:`) is not its death."""
+    stopped = fed("ollama", t.ollama_serving(), t.ollama_load(), t.ollama_loaded(), t.ollama_load_timeout())
+    assert ends(stopped) == ("stopped", 1) and stopped.snapshot().stop_requested
+    recovered = ("[Recovery] 2026/11/20 - 09:14:02 panic recovered:\nruntime error: index out of range [3] with "
+                 "length 3\n/usr/local/go/src/runtime/panic.go:115 (0x4452c4)\n")
+    assert ends(fed("ollama", t.ollama_serving(), recovered)) == ("stopped", 0)
+    for death in (t.ollama_panic(), "fatal error: concurrent map writes\n\ngoroutine 77 [running]:\n"):
+        died = fed("ollama", t.ollama_serving(), death)
+        assert died.snapshot().phase == "serving"
+        assert ends(died) == ("failed", 1) and not died.snapshot().stop_requested
+
+
 def test_ollama_polled_pages_are_heartbeats_and_a_generation_is_progress() -> None:
     now = [100.0]
     ollama = LogInterpreter(ENGINES["ollama"], wall=lambda: now[0])
