@@ -14,7 +14,7 @@ import pytest
 
 from support import transcripts as t
 from support.configs import end_to_end
-from support.harness import Engine, gpus, poll
+from support.harness import MPIRUN, Engine, gpus, poll
 from support.llamacpp import llama_server_available
 from support.stack import Daemon, Webhook, alertmanager, prometheus, rule_seconds
 
@@ -32,6 +32,7 @@ def _start_engines(engine) -> list[Engine]:
         engine("tgi", t.tgi_healthy(), final="serve", tp=1, work=IDLE),
         engine("llamacpp", t.llamacpp_healthy(), final="serve", tp=1, work=IDLE),
         engine("trtllm", t.trtllm_healthy(), final="serve", tp=1, work=IDLE),
+        engine("triton", t.triton_healthy(), final="serve", tp=1, prefix=MPIRUN),
         engine("lmdeploy", t.lmdeploy_healthy(info=False), final="serve", tp=1, work=IDLE),
         engine("aphrodite-vllm", t.aphrodite_healthy(), final="serve", tp=1, work=IDLE),
         engine("xinference", t.xinference_model_loaded("qwen-idle-0"), final="serve", tp=1,
@@ -46,12 +47,16 @@ def _start_engines(engine) -> list[Engine]:
 
 def _holder(pid: int) -> int:
     """The process that holds the server's GPU memory: an Xinference worker's model process (the server, a child
-    titled `Model: <uid>`), else the engine's own process."""
-    if not any(arg.endswith("xinference-local") for arg in psutil.Process(pid).cmdline()):
-        return pid
-    return poll(lambda: next((p.pid for p in psutil.Process(pid).children()
-                              if " ".join(p.cmdline()).startswith("Model: ")), None),
-                timeout=30, what="the Xinference model process")
+    titled `Model: <uid>`), Triton's rank under mpirun (the server, its child), else the engine's own process."""
+    argv = psutil.Process(pid).cmdline()
+    if any(arg.endswith("xinference-local") for arg in argv):
+        return poll(lambda: next((p.pid for p in psutil.Process(pid).children()
+                                  if " ".join(p.cmdline()).startswith("Model: ")), None),
+                    timeout=30, what="the Xinference model process")
+    if argv[1:2] == MPIRUN[:1]:
+        return poll(lambda: next((p.pid for p in psutil.Process(pid).children()), None), timeout=30,
+                    what="mpirun's rank")
+    return pid
 
 
 def test_every_engines_healthy_idle_server_is_silent_for_two_hours(
@@ -102,5 +107,5 @@ def test_every_engines_healthy_idle_server_is_silent_for_two_hours(
         time.sleep(1)
     assert [a["labels"] for a in hook.alerts if ours(a["labels"])] == []
     assert serving() == names  # still serving, every one: the silence was not a scrape that stopped
-    assert {"sglang", "vllm", "tgi", "llamacpp", "trtllm", "lmdeploy", "aphrodite-vllm", "xinference", "dynamo-vllm",
-            "dynamo-sglang", "dynamo-trtllm", "ollama"} <= engines, engines
+    assert {"sglang", "vllm", "tgi", "llamacpp", "trtllm", "triton", "lmdeploy", "aphrodite-vllm", "xinference",
+            "dynamo-vllm", "dynamo-sglang", "dynamo-trtllm", "ollama"} <= engines, engines

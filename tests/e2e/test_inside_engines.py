@@ -1,6 +1,7 @@
 """Engines that are vLLM, SGLang or TensorRT-LLM inside (simulated), end to end through real Prometheus and
 Alertmanager with the shipped rules: Dynamo's vLLM, SGLang and TensorRT-LLM workers without a system port (nothing to
-probe: the log alone says it serves), Aphrodite and an Xinference model process, each in its seed stall (weights in
+probe: the log alone says it serves), Aphrodite, an Xinference model process and Triton's TensorRT-LLM backend (issue
+28 item 2), each in its seed stall (weights in
 GPU memory, GPU idle, log silent, not ready) pages; a healthy idle one stays silent and a clean stop raises nothing
 (issue 28 item 4)."""
 
@@ -14,7 +15,8 @@ import pytest
 
 from support import transcripts as t
 from support.configs import end_to_end
-from support.harness import Engine, gpus, poll
+from support.harness import MPIRUN, Engine, gpus, poll
+from support.paths import SIM_BIN
 from support.stack import PIPELINE, Daemon, Webhook, alertmanager, prometheus, rule_seconds
 
 LOG_STALE = 12.0  # seconds: at least the scaled idle window (5m -> 10 s)
@@ -29,6 +31,9 @@ ENGINES = {
     # A worker's model process (titled `Model: <uid>`) is the server; it ends without a line (`exit_is_stop`).
     "xinference": (t.xinference_until_shards(), "", "", {"http": "none"}),
     "aphrodite-vllm": (t.aphrodite_until_shards(), t.aphrodite_healthy(), t.aphrodite_stop(), {"work": IDLE}),
+    # Triton serving TensorRT-LLM: its stall ends where the engine is in GPU memory and no port opened; the idle and
+    # stopped ones run under mpirun as TensorRT-LLM's launcher starts them (the stop forwarded to the rank).
+    "triton": (t.triton_until_engine(), t.triton_healthy(), t.triton_stop(), {"prefix": MPIRUN}),
 }
 # The model's flag where it is not `--model`: the TensorRT-LLM worker's `--model-path` (its documented flag, kept as
 # `--model`'s obsolete spelling in `dynamo/trtllm/backend_args.py`).
@@ -38,9 +43,14 @@ MODEL_FLAGS = {"dynamo-trtllm": "--model-path"}
 def _engine_core(sim: Engine) -> int:
     """The pid of its engine's child that holds the weights: vLLM's `...::EngineCore`, SGLang's scheduler, an
     Xinference worker's model process; TensorRT-LLM's executor is an MPI worker without a title, which the simulator
-    does not start: the worker's own process holds them."""
+    does not start: the worker's own process holds them, as Triton's rank does (mpirun's child, under mpirun)."""
     if sim.name.startswith("dynamo-trtllm-"):
         return sim.proc.pid
+    if sim.name.startswith("triton-"):
+        main = psutil.Process(sim.proc.pid)
+        return poll(lambda: next((p.pid for p in (main, *main.children())
+                                  if p.cmdline()[1:2] == [str(SIM_BIN / "tritonserver")]), None),
+                    timeout=30, what=f"{sim.name}'s rank")
     return poll(lambda: next((p.pid for p in psutil.Process(sim.proc.pid).children()
                               if p.cmdline() and (p.cmdline()[0].endswith(("::EngineCore", "::scheduler"))
                                                   or " ".join(p.cmdline()).startswith("Model: "))), None),

@@ -1,5 +1,6 @@
-"""trtllm-serve (simulated) end to end through real Prometheus and Alertmanager with the shipped rules: its
-executor's death under a live HTTP server pages, a healthy idle one stays silent, a clean stop raises nothing."""
+"""trtllm-serve (simulated) end to end through real Prometheus and Alertmanager with the shipped rules: its executor's
+death under a live HTTP server pages, a healthy idle one stays silent, a clean stop raises nothing; and a rank of
+Triton's TensorRT-LLM backend that dies under mpirun pages."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 
 from support import transcripts as t
 from support.configs import end_to_end
-from support.harness import gpus, poll
+from support.harness import MPIRUN, gpus, poll
 from support.stack import PIPELINE, Daemon, Webhook, alertmanager, prometheus, rule_seconds
 
 CONFIG = end_to_end("3s")
@@ -54,3 +55,25 @@ def test_the_executors_death_pages_an_idle_server_and_a_clean_stop_do_not(
         raised = [a["labels"] for a in hook.alerts if a["labels"].get("server") == sim.name]
         assert query(f'ALERTS{{server="{sim.name}"}}') == [] and not raised, f"{raised}\n{e.seen(sim.name, sim.log)}"
     assert query(f'stallwatch_startup_phase{{server="{stopped.name}",phase="stopped"}} == 1')
+
+
+def test_a_triton_rank_that_dies_under_mpirun_pages(exporter, engine, daemons: list[Daemon], tmp_path: Path) -> None:
+    """Triton serving TensorRT-LLM, one rank under mpirun (`launch_triton_server.py --world_size=1`): a few scrapes
+    after its ports opened, its executor crashes the rank (`Signal (11) received.` and its stack, then SIGSEGV), and
+    mpirun ends the job with Open MPI's summary (`mpirun noticed that process rank 0 ... exited on signal 11`):
+    InferenceServerFailed pages, naming the failure (issue 28 item 2)."""
+    hook = Webhook()
+    am_port = alertmanager(daemons, tmp_path, hook)
+    e = exporter(nvml={"gpus": gpus(1, used=60e9, util=0)}, config=CONFIG)
+    query = prometheus(daemons, tmp_path, am_port, [f"127.0.0.1:{e.port}"])
+    poll(lambda: query('up{job="stallwatch"} == 1'), timeout=30, what="the first scrape")
+
+    sim = engine("triton", t.triton_healthy(), final="serve", tp=1, prefix=MPIRUN,
+                 dies={"after": 4.0, "transcript": t.triton_segfault(), "final": "segfault"})
+    poll(lambda: query(f'max_over_time(stallwatch_startup_phase{{server="{sim.name}",phase="serving"}}[5m]) == 1'),
+         timeout=30, what=f"{sim.name} serving")
+    page = poll(lambda: hook.find("InferenceServerFailed", sim.name, "firing"), timeout=60, interval=0.2,
+                what="the dead rank's page")
+    assert page["labels"]["severity"] == "critical"
+    assert sim.proc.wait(10) == 1  # mpirun ended the job
+    assert "mpirun noticed that process rank 0" in sim.log.read_text()

@@ -217,6 +217,8 @@ ENGINE_COMMANDS = {
     "llamacpp": [str(SIM_BIN / "llama-server"), "-m", "/models/qwen2.5-7b-instruct-q4_k_m.gguf"],
     "tgi": [str(SIM_BIN / "text-generation-launcher"), "--model-id", "bigscience/bloom-560m"],
     "trtllm": [str(SIM_BIN / "trtllm-serve"), "serve", "meta-llama/Llama-3.1-8B-Instruct"],
+    "triton": [str(SIM_BIN / "tritonserver"), "--model-repository=/models/triton_model_repo_llama3",
+               "--disable-auto-complete-config"],
     "lmdeploy": [str(SIM_BIN / "lmdeploy"), "serve", "api_server", "internlm/internlm3-8b-instruct", "--backend",
                  "pytorch"],
     # Run by this interpreter, as a console script's shebang runs it: its titled children need setproctitle.
@@ -233,7 +235,10 @@ ENGINE_COMMANDS = {
     "vllm_proxy": [sys.executable, str(SIM_BIN / "toy_proxy_server.py")],
 }
 
-PORT_FLAGS = {"lmdeploy": "--server-port"}  # where the engine's port flag is not `--port`
+# A command's prefix that runs it as one rank under the simulated Open MPI launcher, as TensorRT-LLM's Triton
+# launcher does (`launch_triton_server.py --world_size=1`).
+MPIRUN = [str(SIM_BIN / "mpirun"), "--allow-run-as-root", "-n", "1"]
+PORT_FLAGS = {"lmdeploy": "--server-port", "triton": "--http-port"}  # where the engine's port flag is not `--port`
 
 
 def kill_group(proc: subprocess.Popen) -> None:

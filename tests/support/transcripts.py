@@ -517,6 +517,51 @@ def trtllm_stop() -> str:
             "INFO:     Finished server process [4242]\n")
 
 
+# Triton Inference Server with its TensorRT-LLM backend (`exporter/stallwatch/engines/triton.py`).
+TRITON_LOG = "triton-2.42-trtllm-0.8-launch-serving.log"
+TRITON_MODELS = ("ensemble", "postprocessing", "preprocessing", "tensorrt_llm")  # that log's model repository
+
+
+def triton_healthy() -> str:
+    """A real Triton 2.42 start with the TensorRT-LLM backend, one rank, to its ports (SOURCES.md)."""
+    return real(TRITON_LOG)
+
+
+def triton_until_engine() -> str:
+    """The same start, up to TensorRT-LLM's engine in GPU memory (`Loaded engine size` and its allocations) and no
+    further: the KV cache is never allocated, no port opens (tensorrtllm_backend#377)."""
+    lines = triton_healthy().splitlines(keepends=True)
+    return "".join(lines[:next(i for i, line in enumerate(lines) if "IExecutionContext creation" in line) + 1])
+
+
+def triton_stop() -> str:
+    """SIGTERM (`triton_signal.cc:112`, raw stdout), then the models' unload (`core/src/server.cc:312-354`,
+    `model_lifecycle.cc:636`) to its last countdown with no model left."""
+    def glog(clock: str, where: str, message: str) -> str:
+        return f"I1120 {clock} 4734 {where}] {message}\n"
+    return ("Signal (15) received.\n"
+            + glog("09:31:02.100412", "server.cc:305", "Waiting for in-flight requests to complete.")
+            + glog("09:31:02.100430", "server.cc:321", "Timeout 30: Found 0 model versions that have in-flight "
+                   "inferences")
+            + glog("09:31:02.100995", "server.cc:336", "All models are stopped, unloading models")
+            + glog("09:31:02.101004", "server.cc:345", "Timeout 30: Found 4 live models and 0 in-flight non-inference "
+                   "requests")
+            + "".join(glog(f"09:31:02.40{i:04d}", "model_lifecycle.cc:623",
+                           f"successfully unloaded '{model}' version 1") for i, model in enumerate(TRITON_MODELS))
+            + glog("09:31:03.101117", "server.cc:345", "Timeout 29: Found 0 live models and 0 in-flight non-inference "
+                   "requests"))
+
+
+def triton_segfault() -> str:
+    """The server dying of SIGSEGV in its TensorRT-LLM executor (`triton_signal.cc:119-120`: the signal line on
+    stderr, then boost's stack trace), as it writes it before the signal is raised again."""
+    return ("Signal (11) received.\n"
+            " 0# 0x00005615D1A4B3CD in /opt/tritonserver/bin/tritonserver\n"
+            " 1# 0x00007F8A2C442520 in /usr/lib/x86_64-linux-gnu/libc.so.6\n"
+            " 2# tensorrt_llm::batch_manager::TrtGptModelInflightBatching::forwardAsync(...) in "
+            "/opt/tritonserver/backends/tensorrtllm/libtensorrt_llm.so\n")
+
+
 # LMDeploy (InternLM/lmdeploy at 1263d5cd, `exporter/stallwatch/engines/lmdeploy.py`).
 def _lmd(clock: str, source: str, message: str, level: str = "INFO") -> str:
     """Its logger's line (`lmdeploy/utils.py` `_FORMAT`)."""

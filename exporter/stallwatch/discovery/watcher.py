@@ -22,7 +22,7 @@ from stallwatch.discovery.server import TREE_CACHE_SECONDS, Server
 from stallwatch.discovery.workload import Workload, locate
 from stallwatch.discovery.workload.cgroup import short_id
 from stallwatch.engines import ENGINES
-from stallwatch.engines.base import Engine
+from stallwatch.engines.base import Engine, whole_number
 from stallwatch.loops import run_every
 from stallwatch.text import printable
 
@@ -136,7 +136,7 @@ class Watcher:
                      for c in filter(_runs(engine.program), candidates)]
             watched = claimed | {c.pid for _, c in found}
             for engine, root in found:
-                if root.pid not in claimed and not _inside(root, watched, parents):
+                if root.pid not in claimed and not _inside(root, watched, parents) and not self._rank(engine, root):
                     claimed.add(root.pid)
                     changed |= self._discovered(engine, root)
         self.skipped = self._skipping
@@ -188,6 +188,14 @@ class Watcher:
         if server.follows(candidate):
             return False
         return server.attach(candidate, locate(self.config.paths, candidate.pid), self._owner(candidate.pid))
+
+    def _rank(self, engine: Engine, root: Candidate) -> bool:
+        """Whether the process is a rank above 0 of a server its MPI launcher starts once per rank
+        (`Engine.rank_env`): rank 0 is the server."""
+        if not engine.rank_env:
+            return False
+        environ = read_environ(self.config.paths.procfs, root.pid, engine.rank_env)
+        return any((whole_number(environ.get(key)) or 0) > 0 for key in engine.rank_env)
 
     def _discovered(self, engine: Engine, root: Candidate) -> bool:
         key = ProcessKey(root.pid, root.create_time)

@@ -13,6 +13,7 @@ from stallwatch.engines import (
     sglang,
     sglang_router,
     tgi,
+    triton,
     trtllm,
     vllm,
     vllm_proxy,
@@ -21,6 +22,6 @@ from stallwatch.engines import (
 from stallwatch.engines.base import Engine
 
 ENGINES: dict[str, Engine] = {e.name: e for e in (sglang.ENGINE, vllm.ENGINE, tgi.ENGINE, llamacpp.ENGINE,
-                                                  ollama.ENGINE, trtllm.ENGINE, lmdeploy.ENGINE, aphrodite.ENGINE,
-                                                  *dynamo.ENGINES, xinference.ENGINE, sglang_router.ENGINE,
-                                                  vllm_proxy.ENGINE, generic.ENGINE)}
+                                                  ollama.ENGINE, trtllm.ENGINE, triton.ENGINE, lmdeploy.ENGINE,
+                                                  aphrodite.ENGINE, *dynamo.ENGINES, xinference.ENGINE,
+                                                  sglang_router.ENGINE, vllm_proxy.ENGINE, generic.ENGINE)}

@@ -80,10 +80,13 @@ def rule(regex: str, phase: str | None = None, event: str | None = None, *, laun
                 traceback, after_stop, second_banner, runner, model_load)
 
 
-# Open MPI (mpirun, as TensorRT-LLM and multi-node llama.cpp run): a rank's signal handler
-# (`opal/util/stacktrace.c`) and the launcher's summary when a rank exits non-zero (`orte/.../help-errmgr-base`).
+# Open MPI (mpirun, as TensorRT-LLM, Triton's TensorRT-LLM backend and multi-node llama.cpp run): a rank's signal
+# handler (`opal/util/stacktrace.c`) and the launcher's summary when a rank exits non-zero or dies of a signal
+# (`orte/.../help-errmgr-base`: `mpirun noticed that process rank 1 with PID 0 on node gpu-7 exited on signal 6
+# (Aborted).`).
 MPI_RANK_DIED = (r"\*\*\* Process received signal \*\*\*|(?:Primary|Child) job +\d* *terminated normally, but \d+ "
-                 r"process(?:es)? returned")
+                 r"process(?:es)? returned|(?:mpirun|mpiexec) noticed that process rank \d+ with PID \d+ on node \S+ "
+                 r"exited on signal \d+")
 
 # Lines printed by PyTorch, NCCL and Python itself, whatever engine runs on top of them.
 COMMON_RULES: tuple[Rule, ...] = (
@@ -415,6 +418,10 @@ class Engine:
     # A process that its host ends when its model is unloaded, with no line of its own (an Xinference worker's model
     # actor, `xinference terminate`): it is gone on request unless it failed (no InferenceServerDown).
     exit_is_stop: bool = False
+    # The environment variables in which an MPI launcher gives each process it starts its rank (Open MPI's
+    # `OMPI_COMM_WORLD_RANK`, PMIx's `PMIX_RANK`, MPICH's `PMI_RANK`), for an engine launched once per rank of which
+    # only rank 0 serves (Triton's TensorRT-LLM backend): a process of a rank above 0 is never a server of its own.
+    rank_env: tuple[str, ...] = ()
     metrics: MetricsSpec | None = None  # None: no `/metrics` page known
     loaded_models: LoadedModels | None = None  # None: no page of its loaded models known
     runner_loops: RunnerLoops | None = None  # None: no runner of its own serves a page through its loop

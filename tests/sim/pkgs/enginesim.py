@@ -9,6 +9,7 @@ tests/sim/pkgs on PYTHONPATH), it spawns children titled like the engine's own (
     serve  /health answers 200; nothing more is logged (a healthy server without traffic)
     hang   the port accepts connections but never answers
     crash  exits with status 1
+    segfault  dies of SIGSEGV
 
 The scenario is JSON in the file named by ENGINESIM_SCENARIO:
     {"transcript": "path", "line_delay": 0.0, "final": "stall", "load_http": "refuse" | "503",
@@ -23,7 +24,7 @@ port at all (a vLLM `--headless` node).
 
 `dies` (with `final: serve`): the engine dies behind its live HTTP server `after` seconds of serving (TensorRT-LLM's
 executor under MPI): it logs that transcript, and `/health` answers `health` from then on (503 with the engine's
-words, `UNAVAILABLE`), the rest of its pages as before.
+words, `UNAVAILABLE`), the rest of its pages as before; with `"final": "segfault"` the whole process dies of it then.
 
 `on_sigterm`: what the engine logs when it is asked to stop (SGLang's `SIGTERM received ... Draining requests`),
 written before it exits; without it a SIGTERM ends it silently.
@@ -56,6 +57,7 @@ CHILD_TITLES = {
     "tgi": lambda tp: [f"text-generation-server serve bigscience/bloom-560m --uds-path /tmp/text-generation-server-{i}"
                        for i in range(tp)] + ["text-generation-router --port 3000"],
     "trtllm": lambda tp: [],  # its MPI workers set no title
+    "triton": lambda tp: [],  # TensorRT-LLM's executor runs in the server's process (one rank)
     # The PyTorch engine's process, renamed by `prctl(PR_SET_NAME)` alone (`mp_engine/zmq_engine.py:107-112`).
     "lmdeploy": lambda tp: ["comm:ZMQMPEngine"],
     # vLLM's titles under Aphrodite's prefix (`utils/system_utils.py` `set_process_title`).
@@ -448,6 +450,14 @@ def _dies(spec: dict, http: ThreadingHTTPServer, engine: str) -> None:
     with open(spec["transcript"], "rb") as lines:
         sys.stdout.buffer.write(lines.read())
     sys.stdout.buffer.flush()
+    if spec.get("final") == "segfault":
+        _segfault()
+
+
+def _segfault() -> None:
+    """A native crash: killed by the signal its handler raised again (SIGSEGV's default action; Python installs no
+    handler for it, and none can be set outside the main thread)."""
+    os.kill(os.getpid(), signal.SIGSEGV)
 
 
 def _stop(said: str | None) -> None:
@@ -465,8 +475,8 @@ def _stop(said: str | None) -> None:
 def main(engine: str) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--host", "--hostname", default="127.0.0.1")
-    # The last one given wins; only it must be a number (LMDeploy's is `--server-port`).
-    parser.add_argument("--port", "--server-port", dest="port", required=True)
+    # The last one given wins; only it must be a number (LMDeploy's is `--server-port`, Triton's `--http-port`).
+    parser.add_argument("--port", "--server-port", "--http-port", dest="port", required=True)
     parser.add_argument("--tp", "--tp-size", "--tensor-parallel-size", "--num-shard", "--tp_size", dest="tp", type=int,
                         default=1)
     parser.add_argument("--disaggregation-mode", default="")
@@ -501,6 +511,8 @@ def main(engine: str) -> None:
     final = scenario.get("final", "stall")
     if final == "crash":
         os._exit(1)
+    if final == "segfault":
+        _segfault()
     if final == "serve":
         kv_role = json.loads(args.kv_transfer_config).get("kv_role")
         role = (args.disaggregation_mode if args.disaggregation_mode in ("prefill", "decode")

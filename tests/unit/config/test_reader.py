@@ -46,7 +46,7 @@ def _fuzzed(rng: random.Random) -> str:
          "servers[0].stall.gpu_memory_bytes", "expected a size"),
         ("servers:\n  - {engine: sglang, name: a}\n  - {engine: vllm, name: a}\n", 3, "servers[1].name",
          "duplicate server name"),
-        ("servers:\n  - engine: triton\n", 2, "servers[0].engine", "expected one of sglang, vllm"),
+        ("servers:\n  - engine: mlc-llm\n", 2, "servers[0].engine", "expected one of sglang, vllm"),
         ("servers:\n  - name: x\n", 2, "servers[0].engine", "missing"),
         ("servers:\n  - engine: generic\n", 2, "servers[0].match.cmdline", "required for engine 'generic'"),
         ("servers:\n  - engine: sglang\n    gpus: [0, -1]\n", 3, "servers[0].gpus[1]", "expected a GPU index"),

@@ -124,6 +124,26 @@ def test_ollamas_address_is_read_from_its_environment(tmp_path: Path) -> None:
     assert [t.probe.url for t in server.launch.probes] == ["http://127.0.0.1:8000/"]
 
 
+def test_a_tritonserver_rank_above_0_under_mpirun_is_no_server_of_its_own(tmp_path: Path) -> None:
+    """TensorRT-LLM's Triton launcher runs one `tritonserver` per rank under mpirun, each given rank 0's ports: only
+    rank 0 serves (issue 28). Rank 1 (`OMPI_COMM_WORLD_RANK=1` in its environment) is found as no second server; the
+    counter-test: rank 0, and a tritonserver with no rank at all, are servers."""
+    argv = ("/opt/tritonserver/bin/tritonserver", "--model-repository=/models/repo", "--http-port=8000")
+    mpirun = candidate(1, ("mpirun", "--allow-run-as-root", "-n", "1", *argv, ":", "-n", "1", *argv))
+    ranks = [dataclasses.replace(candidate(pid, argv), ppid=mpirun.pid) for pid in (os.getppid(), os.getpid())]
+    for rank, process in enumerate(ranks):
+        (tmp_path / str(process.pid)).mkdir()
+        (tmp_path / str(process.pid) / "environ").write_bytes(
+            f"OMPI_COMM_WORLD_SIZE=2\0OMPI_COMM_WORLD_RANK={rank}\0".encode())
+    w = watcher(tmp_path, [mpirun, *ranks])
+    w.refresh()
+    assert [(s.name, s.launch.pid) for s in w.servers()] == [("triton-8000", os.getppid())]
+    (tmp_path / str(os.getpid()) / "environ").write_bytes(b"HOME=/root\0")
+    w = watcher(tmp_path, [mpirun, ranks[1]])
+    w.refresh()
+    assert [(s.name, s.launch.pid) for s in w.servers()] == [("triton-8000", os.getpid())]
+
+
 NEIGHBOUR, REAL, OTHER = 1, os.getppid(), os.getpid()  # live processes, oldest first: pid 1 plays the neighbour's
 REAL_SERVER = ServerSpec(engine="sglang", name="real", cmdline=re.compile(r"sglang\.launch_server"))
 
