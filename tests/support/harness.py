@@ -235,9 +235,14 @@ ENGINE_COMMANDS = {
     "vllm_proxy": [sys.executable, str(SIM_BIN / "toy_proxy_server.py")],
 }
 
-# A command's prefix that runs it as one rank under the simulated Open MPI launcher, as TensorRT-LLM's Triton
-# launcher does (`launch_triton_server.py --world_size=1`).
-MPIRUN = [str(SIM_BIN / "mpirun"), "--allow-run-as-root", "-n", "1"]
+
+def mpirun(ranks: int = 1) -> list[str]:
+    """A command's prefix that runs it as `ranks` ranks under the simulated Open MPI launcher, as TensorRT-LLM's
+    Triton launcher does (`launch_triton_server.py --world_size=N`)."""
+    return [str(SIM_BIN / "mpirun"), "--allow-run-as-root", "-n", str(ranks)]
+
+
+MPIRUN = mpirun()
 PORT_FLAGS = {"lmdeploy": "--server-port", "triton": "--http-port"}  # where the engine's port flag is not `--port`
 
 

@@ -1,13 +1,16 @@
 """trtllm-serve (simulated) through the exporter: discovered, serving, its figures read from `/prometheus/metrics`
-and never from its JSON `/metrics`, and its executor's death behind a live HTTP server read as failed."""
+and never from its JSON `/metrics`, and its executor's death behind a live HTTP server read as failed. Triton's
+TensorRT-LLM ranks under mpirun: one server, whose GPU memory and CPU are every rank's."""
 
 from __future__ import annotations
 
 import time
 
+import psutil
+
 from support import transcripts
 from support.configs import ENGINE_PAGES
-from support.harness import Exporter
+from support.harness import Exporter, gpus, mpirun, poll
 
 CONFIG = ENGINE_PAGES
 
@@ -65,3 +68,24 @@ def test_the_executors_death_under_a_live_http_server_is_failed(exporter, engine
     later = e.wait_for(lambda s: (s.value("stallwatch_probe_last_success_timestamp_seconds", server=still_200.name)
                                   or 0) > failed_at + 1 and s, what="a probe that answered after the failure")
     assert later.phase(still_200.name) == "failed"
+
+
+def test_tritons_ranks_under_mpirun_are_one_server_holding_every_ranks_gpu_memory(exporter, engine) -> None:
+    """`launch_triton_server.py --world_size=2`: two `tritonserver` ranks under mpirun, each holding 30 GB on its own
+    GPU. Rank 0 is the server `triton-<port>`; rank 1 (mpirun's other child, not rank 0's) is no server of its own,
+    and its memory on GPU 1 and its CPU are the server's (`process="rank1"`), so the held-memory rules see the whole
+    engine (issue 28)."""
+    e: Exporter = exporter(nvml={"gpus": gpus(2, used=30e9, util=0)}, config=CONFIG)
+    sim = engine("triton", transcripts.triton_healthy(), final="serve", tp=1, prefix=mpirun(2))
+    launcher = psutil.Process(sim.proc.pid)
+    ranks = poll(lambda: (r := sorted(launcher.children(), key=lambda p: p.create_time())) and len(r) == 2 and r,
+                 timeout=30, what="mpirun's two ranks")
+    e.nvml.update(gpus=[dict(g, processes=[{"pid": rank.pid, "used": 30e9}])
+                        for g, rank in zip(gpus(2, used=30e9, util=0), ranks, strict=True)])
+    s = e.wait_for(lambda s: s.phase(sim.name) == "serving"
+                   and s.value("stallwatch_server_gpu_memory_used_bytes", server=sim.name, gpu="1") == 30e9 and s,
+                   timeout=30, what="rank 1's memory on GPU 1 the server's")
+    assert s.value("stallwatch_server_gpu_memory_used_bytes", server=sim.name, gpu="0") == 30e9
+    assert [x.labels["server"] for x in s.samples("stallwatch_server_up")
+            if x.labels["server"].startswith("triton-")] == [sim.name]
+    assert s.value("stallwatch_process_cpu_seconds_total", server=sim.name, process="rank1", mode="user") is not None

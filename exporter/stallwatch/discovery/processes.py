@@ -114,6 +114,10 @@ class ProcessTable:
         self._read_at = float("-inf")
         self._children: dict[int, list[int]] = {}
 
+    def children(self, pid: int) -> list[int]:
+        """The processes whose parent is `pid`."""
+        return list(self._current().get(pid, ()))
+
     def descendants(self, pid: int) -> list[int]:
         """Every process below `pid`, parents before children."""
         children = self._current()

@@ -84,6 +84,9 @@ class Launch:
     member: Member | None = None  # its place in a deployment over several nodes; None on one node
     pd: PdPlace | None = None  # its role in a prefill/decode disaggregated group; None when it has none
     uid: int | None = None  # the real uid of its main process
+    # The MPI launcher that started the main process as one rank of several (`Engine.rank_env`): its other ranks are
+    # part of this server. None when the main process is no rank.
+    launcher: psutil.Process | None = field(default=None, compare=False)
     ledger: CpuLedger = field(default_factory=CpuLedger, compare=False)  # per-role CPU of this launch's tree
 
     @property
@@ -172,7 +175,7 @@ class Server:
                 # argv area NULs): its flags as first read stand.
                 flags = self.launch.flags
             environ = read_environ(self._config.paths.procfs, candidate.pid, (*environ_keys(self.engine),
-                                                                                  *DYNAMO_KEYS))
+                                                                                  *DYNAMO_KEYS, *self.engine.rank_env))
             member = membership(self.engine, flags, environ, workload, uid)
             host, port = self.engine.listen_address(flags, environ)
             pd = place(self.engine, flags, environ, self.spec.pd_group, self.engine.model(flags), self.spec.pd_role)
@@ -181,7 +184,8 @@ class Server:
                 model=printable(self.engine.model(flags)), tensor_parallel=self.engine.tensor_parallel(flags),
                 probes=self.launch.probes,
                 log_sources=self.launch.log_sources if self.spec.logs else log_sources(
-                    self._config.paths, candidate.pid, workload), member=member, pd=pd, uid=uid)
+                    self._config.paths, candidate.pid, workload), member=member, pd=pd, uid=uid,
+                launcher=_launcher(candidate) if self.engine.mpi_rank(environ) is not None else None)
             launch = dataclasses.replace(launch, log_sizes=_sizes(launch.log_sources),
                                          held_logs=HeldLogs(launch.log_sources if self._hold_logs else ()))
             if key == self.launch.key:  # the same process exec'd: its CPU so far stays counted
@@ -328,15 +332,33 @@ class Server:
             return []
         title = self.engine.role_title
         out = [s for s in [sample(main, "main", title)] if s is not None]
-        for pid in self.table.descendants(main.pid):
+        below = [(pid, None) for pid in self.table.descendants(main.pid)]
+        for pid, role in [*below, *self._other_ranks(launch)]:
             try:
                 child = psutil.Process(pid)
             except psutil.Error:
                 continue
-            found = sample(child, None, title)
+            found = sample(child, role, title)
             if found is not None:
                 out.append(found)
         return launch.ledger.cap(out)
+
+    def _other_ranks(self, launch: Launch) -> list[tuple[int, str | None]]:
+        """The other ranks of the MPI job whose rank the main process is, each titled by its rank (`rank1`), with
+        everything below them (role from their titles): the launcher's other children that have a rank. Triton's
+        ranks above 0 hold their share of the engine's GPU memory and do its work, but are rank 0's siblings, not
+        its children. Only while the launcher that started the main process lives: a rank left to init when its
+        launcher died has init's children for siblings."""
+        launcher = launch.launcher
+        if launcher is None or not _running(launcher):
+            return []
+        out: list[tuple[int, str | None]] = []
+        for pid in self.table.children(launcher.pid):
+            rank = self.engine.mpi_rank(read_environ(self._config.paths.procfs, pid, self.engine.rank_env))
+            if pid != launch.pid and rank is not None:
+                out.append((pid, f"rank{rank}"))
+                out.extend((below, None) for below in self.table.descendants(pid))
+        return out
 
 
 def _running(process: psutil.Process) -> bool:
@@ -344,6 +366,16 @@ def _running(process: psutil.Process) -> bool:
         return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
         return False
+
+
+def _launcher(candidate: Candidate) -> psutil.Process | None:
+    """The process that started `candidate`, unless that is init (its parent gone, or no launcher at all)."""
+    if candidate.ppid <= 1:
+        return None
+    try:
+        return psutil.Process(candidate.ppid)
+    except psutil.Error:
+        return None
 
 
 def _sizes(sources: tuple[LogSource, ...]) -> tuple[tuple[str, int], ...]:

@@ -22,7 +22,7 @@ from stallwatch.discovery.server import TREE_CACHE_SECONDS, Server
 from stallwatch.discovery.workload import Workload, locate
 from stallwatch.discovery.workload.cgroup import short_id
 from stallwatch.engines import ENGINES
-from stallwatch.engines.base import Engine, whole_number
+from stallwatch.engines.base import Engine
 from stallwatch.loops import run_every
 from stallwatch.text import printable
 
@@ -194,8 +194,7 @@ class Watcher:
         (`Engine.rank_env`): rank 0 is the server."""
         if not engine.rank_env:
             return False
-        environ = read_environ(self.config.paths.procfs, root.pid, engine.rank_env)
-        return any((whole_number(environ.get(key)) or 0) > 0 for key in engine.rank_env)
+        return (engine.mpi_rank(read_environ(self.config.paths.procfs, root.pid, engine.rank_env)) or 0) > 0
 
     def _discovered(self, engine: Engine, root: Candidate) -> bool:
         key = ProcessKey(root.pid, root.create_time)

@@ -420,7 +420,8 @@ class Engine:
     exit_is_stop: bool = False
     # The environment variables in which an MPI launcher gives each process it starts its rank (Open MPI's
     # `OMPI_COMM_WORLD_RANK`, PMIx's `PMIX_RANK`, MPICH's `PMI_RANK`), for an engine launched once per rank of which
-    # only rank 0 serves (Triton's TensorRT-LLM backend): a process of a rank above 0 is never a server of its own.
+    # only rank 0 serves (Triton's TensorRT-LLM backend): a process of a rank above 0 is never a server of its own,
+    # it is part of rank 0's (`Server`: the launcher's other ranks join rank 0's tree).
     rank_env: tuple[str, ...] = ()
     metrics: MetricsSpec | None = None  # None: no `/metrics` page known
     loaded_models: LoadedModels | None = None  # None: no page of its loaded models known
@@ -478,6 +479,10 @@ class Engine:
         if not colon or ((":" in host or host.startswith("[")) and not bracketed):  # no port; a bare IPv6 address
             host, port = address, {"http": "80", "https": "443"}.get(scheme, "")
         return host.strip("[]"), port
+
+    def mpi_rank(self, environ: Mapping[str, str]) -> int | None:
+        """The rank an MPI launcher gave the process, from its environment (`rank_env`); None when it has none."""
+        return next((rank for key in self.rank_env if (rank := whole_number(environ.get(key))) is not None), None)
 
     def model(self, argv: Sequence[str]) -> str:
         """The model the server was started with, from its flags or `<command> <model>`; "" when unknown."""

@@ -18,11 +18,11 @@ TensorRT-LLM's own `[TensorRT-LLM][INFO] ...` lines have no such prefix.
 The launcher (`launch_triton_server.py` `get_cmd`) runs one `tritonserver` per rank under `mpirun --allow-run-as-root
 -n 1 tritonserver --model-repository=... : -n 1 ...` (mpirun runs itself, as any launcher), and only rank 0 opens its
 ports (`model_instance_state.cc:844-856`: the other ranks never return from their instance's init): rank 0 is the
-server, and the ranks above 0 (their `OMPI_COMM_WORLD_RANK`, read as root) are no servers of their own.
+server, and the ranks above 0 (their `OMPI_COMM_WORLD_RANK`, read as root) are no servers of their own: they are in
+rank 0's tree as `rank1`, ... (mpirun's other children, `Server`), so their GPU memory and CPU are the server's.
 
-Not covered: their GPU memory and CPU as the server's (they are rank 0's siblings, not its children); the figures on the
-metrics port (8002, `--metrics-port`: `nv_inference_*`, `nv_trt_llm_request_metrics`), so NoTokenProgress does not judge
-it; the gRPC port; Triton's other backends' own lines."""
+Not covered: the figures on the metrics port (8002, `--metrics-port`: `nv_inference_*`, `nv_trt_llm_request_metrics`),
+so NoTokenProgress does not judge it; the gRPC port; Triton's other backends' own lines."""
 
 import re
 

@@ -67,6 +67,10 @@ CHILD_TITLES = {
 CHILD_TITLES["dynamo-vllm"] = CHILD_TITLES["vllm"]  # vLLM's engine in the worker's process
 CHILD_TITLES["dynamo-sglang"] = CHILD_TITLES["sglang"]  # SGLang's `sgl.Engine` in the worker's process
 CHILD_TITLES["dynamo-trtllm"] = CHILD_TITLES["trtllm"]  # TensorRT-LLM's LLM in the worker's process
+# Engines launched once per rank of which only rank 0 serves, and the variable that gives the rank: Triton's
+# TensorRT-LLM ranks above 0 never return from their model instance's init (`model_instance_state.cc:844-856`): no
+# line, no port, the process asleep in the executor's loop.
+RANK_ENV = {"triton": "OMPI_COMM_WORLD_RANK"}
 COMM_ONLY = "comm:"  # a title set as the process's `comm` only, its command line left as it was
 
 
@@ -485,6 +489,10 @@ def main(engine: str) -> None:
     args.port = int(args.port)
     with open(os.environ["ENGINESIM_SCENARIO"]) as handle:
         scenario = json.load(handle)
+    if int(os.environ.get(RANK_ENV.get(engine, ""), "0")) > 0:
+        signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+        while True:
+            time.sleep(3600)
     signal.signal(signal.SIGTERM, lambda *_: _stop(scenario.get("on_sigterm")))
 
     context = multiprocessing.get_context("spawn")

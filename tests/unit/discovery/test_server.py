@@ -106,3 +106,34 @@ def test_a_process_that_retitles_itself_keeps_the_flags_it_was_found_with(tmp_pa
     assert launch.argv == ("sglang::router", "", "", "") and launch.flags == flags and launch.port == 8000
     assert launch.pd is not None
     assert launch.pd.routes == (("prefill", "127.0.0.1", 30000), ("decode", "127.0.0.1", 30001))
+
+
+TRITON = ("/opt/tritonserver/bin/tritonserver", "--model-repository=/models/repo", "--http-port=8000")
+
+
+def _proc_entry(procfs: Path, pid: int, ppid: int, environ: bytes) -> None:
+    """`/proc/PID/stat` (its parent) and `/proc/PID/environ` of a live process, as the test's procfs says them."""
+    (procfs / str(pid)).mkdir(exist_ok=True)
+    (procfs / str(pid) / "stat").write_text(f"{pid} (x) S {ppid} 0 0 0\n")
+    (procfs / str(pid) / "environ").write_bytes(environ)
+
+
+@pytest.mark.parametrize("main_rank", [b"OMPI_COMM_WORLD_RANK=0\0", b"HOME=/root\0"])
+def test_the_other_ranks_of_its_mpi_launcher_are_part_of_the_server(tmp_path: Path, main_rank: bytes) -> None:
+    """Triton's TensorRT-LLM launcher starts one `tritonserver` per rank under mpirun; rank 0 is the server and the
+    ranks above 0, its siblings under mpirun, hold their share of the engine's GPU memory and CPU: they are in its tree
+    as `rank1` (issue 28). A child of mpirun without a rank (a helper it runs) is not. The counter-test: a tritonserver
+    that is no rank (its parent a shell, not a launcher) has no siblings in its tree. Live processes stand in: the
+    test's parent as the launcher, this process as rank 0, pid 1 as rank 1, the parent's parent as the helper."""
+    launcher, main, helper = os.getppid(), os.getpid(), psutil.Process(os.getppid()).ppid()
+    _proc_entry(tmp_path, main, launcher, main_rank + b"OMPI_COMM_WORLD_SIZE=2\0")
+    _proc_entry(tmp_path, 1, launcher, b"OMPI_COMM_WORLD_SIZE=2\0OMPI_COMM_WORLD_RANK=1\0")
+    _proc_entry(tmp_path, helper, launcher, b"HOME=/root\0")
+    server = Server("triton-8000", ServerSpec(engine="triton"), Config(paths=Paths(procfs=str(tmp_path))))
+    assert server.attach(dataclasses.replace(candidate(main, TRITON), ppid=launcher), Workload(), os.getuid())
+    roles = {s.pid: s.role for s in server.look().tree}
+    if main_rank.startswith(b"OMPI"):
+        assert roles == {main: "main", 1: "rank1"}
+        assert set(server.look().cpu) == {"main", "rank1"}
+    else:
+        assert roles == {main: "main"}
