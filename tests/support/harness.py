@@ -244,6 +244,7 @@ def mpirun(ranks: int = 1) -> list[str]:
 
 MPIRUN = mpirun()
 PORT_FLAGS = {"lmdeploy": "--server-port", "triton": "--http-port"}  # where the engine's port flag is not `--port`
+METRICS_PORT_FLAGS = {"triton": "--metrics-port"}  # the metrics page's own port, where it has one
 
 
 def kill_group(proc: subprocess.Popen) -> None:
@@ -303,6 +304,8 @@ class Engine:
         # last (the real port it binds).
         cmd = [*(prefix or []), *ENGINE_COMMANDS[engine], *args, PORT_FLAGS.get(engine, "--port"), str(self.port),
                "--tp", str(tp)]
+        if engine in METRICS_PORT_FLAGS:  # never the engine's default: other tests' engines run beside it
+            cmd += [METRICS_PORT_FLAGS[engine], str(free_port())]
         if shell is not None:
             cmd = ["sh", "-c", f"{shell}; exec {shlex.join(cmd)}"]
         if supervise is not None:

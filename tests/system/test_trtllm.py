@@ -1,6 +1,7 @@
 """trtllm-serve (simulated) through the exporter: discovered, serving, its figures read from `/prometheus/metrics`
 and never from its JSON `/metrics`, and its executor's death behind a live HTTP server read as failed. Triton's
-TensorRT-LLM ranks under mpirun: one server, whose GPU memory and CPU are every rank's."""
+TensorRT-LLM ranks under mpirun: one server, whose GPU memory and CPU are every rank's; its figures from its metrics
+port."""
 
 from __future__ import annotations
 
@@ -89,3 +90,25 @@ def test_tritons_ranks_under_mpirun_are_one_server_holding_every_ranks_gpu_memor
     assert [x.labels["server"] for x in s.samples("stallwatch_server_up")
             if x.labels["server"].startswith("triton-")] == [sim.name]
     assert s.value("stallwatch_process_cpu_seconds_total", server=sim.name, process="rank1", mode="user") is not None
+
+
+def test_tritons_figures_come_from_its_metrics_port_and_a_page_of_other_backends_is_none(exporter, engine) -> None:
+    """Triton's metrics service on `--metrics-port` (not its HTTP port, which serves no `/metrics`): the TensorRT-LLM
+    backend's scheduled and waiting requests and its executor's iteration counter as the tokens. A Triton serving
+    models of other backends (no `nv_trt_llm_*` on its page) has no figures: no `engine_metrics_up` sample, not a
+    failing page (issue 28)."""
+    e: Exporter = exporter(config=CONFIG)
+    trtllm = engine("triton", transcripts.triton_healthy(), final="serve", tp=1, work=WORK)
+    other = engine("triton", transcripts.triton_healthy(), final="serve", tp=1, work={**WORK, "metrics": "core"})
+    s = e.wait_for(lambda s: s.value("stallwatch_engine_metrics_up", server=trtllm.name) == 1
+                   and s.phase(other.name) == "serving" and s, what="Triton's figures read")
+    assert s.value("stallwatch_engine_requests_running", server=trtllm.name, source="metrics") == 3
+    assert s.value("stallwatch_engine_requests_waiting", server=trtllm.name, source="metrics") == 1
+    assert s.value("stallwatch_engine_generated_tokens_total", server=trtllm.name, source="metrics") == 5000
+    # Over several of its fetches (one each 0.3 s): no figures, and no failure said.
+    for _ in range(6):
+        time.sleep(0.3)
+        s = e.scrape()
+        assert s.value("stallwatch_engine_metrics_up", server=other.name) is None
+        assert s.value("stallwatch_engine_requests_running", server=other.name, source="metrics") is None
+    assert "engine metrics of " + other.name not in e.log.read_text()

@@ -159,10 +159,25 @@ class MetricsSpec:
     # counters whose sum is the KV transfers completed (a histogram's `_count`).
     pending: tuple[tuple[str, str], ...] = ()
     transfers: tuple[str, ...] = ()
+    # The page on a port of its own (Triton's metrics service): a flag that gives it, else `default_port`; None (and
+    # no flags): the engine's own port.
+    port_flags: tuple[str, ...] = ()
+    default_port: int | None = None
+    # Flags whose boolean value (`false`, `off`, `0`, any case) turns the page off (Triton's `--allow-metrics`).
+    switch_flags: tuple[str, ...] = ()
+    # The page serves more than this engine's figures, which a server may lack (Triton's metrics serve every backend;
+    # only TensorRT-LLM's models have `nv_trt_llm_*`): a page with none of them is no page, not a failing one.
+    may_lack_figures: bool = False
 
     def served(self, argv: Sequence[str]) -> bool:
-        return (not self.needs_flag or any(arg in self.needs_flag for arg in argv)) and not any(
-            arg in self.off_flags for arg in argv)
+        switch = flag_value(argv, self.switch_flags)
+        return ((not self.needs_flag or any(arg in self.needs_flag for arg in argv))
+                and not any(arg in self.off_flags for arg in argv)
+                and (switch is None or switch.lower() not in ("false", "off", "0")))
+
+    def port(self, argv: Sequence[str]) -> int | None:
+        """The page's own port; None: the engine's."""
+        return port_flag(argv, self.port_flags, self.default_port)
 
 
 @dataclass(frozen=True)
@@ -304,8 +319,7 @@ class Router:
     def metrics_port(self, argv: Sequence[str]) -> int | None:
         if not self.worker_health or any(arg in self.no_metrics_flags for arg in argv):
             return None
-        port = whole_number(flag_value(argv, self.metrics_port_flags))
-        return port if port is not None and 0 < port < 65536 else self.metrics_default_port
+        return port_flag(argv, self.metrics_port_flags, self.metrics_default_port)
 
 
 def _json_key(text: str | None, key: str) -> str | None:
@@ -537,6 +551,12 @@ def flag_list(argv: Sequence[str], flags: Sequence[str]) -> list[str]:
         elif any(arg.startswith(flag + "=") for flag in flags):
             out = [arg.split("=", 1)[1]]
     return out
+
+
+def port_flag(argv: Sequence[str], flags: Sequence[str], default: int | None) -> int | None:
+    """The port a flag gives (one of `flags`), else `default`."""
+    port = whole_number(flag_value(argv, flags))
+    return port if port is not None and 0 < port < 65536 else default
 
 
 def flag_value(argv: Sequence[str], flags: Sequence[str]) -> str | None:

@@ -21,12 +21,24 @@ ports (`model_instance_state.cc:844-856`: the other ranks never return from thei
 server, and the ranks above 0 (their `OMPI_COMM_WORLD_RANK`, read as root) are no servers of their own: they are in
 rank 0's tree as `rank1`, ... (mpirun's other children, `Server`), so their GPU memory and CPU are the server's.
 
-Not covered: the figures on the metrics port (8002, `--metrics-port`: `nv_inference_*`, `nv_trt_llm_request_metrics`),
-so NoTokenProgress does not judge it; the gRPC port; Triton's other backends' own lines."""
+Its figures are on its metrics port (8002, `--metrics-port`, off with `--allow-metrics=false`; core `src/metrics.cc`
+at 73aad7c3, prometheus-cpp's text format), where the TensorRT-LLM backend writes the executor's iteration stats
+(`inflight_batcher_llm/src/custom_metrics_reporter/custom_metrics_reporter.cc` and `model_instance_state.cc` at
+c2e65b88, the backend's README's example page), from the last iteration: requests `scheduled` and `waiting` (the
+backend's active less scheduled, so the two add up to the executor's active requests), and the executor's iteration
+counter, a gauge that only moves while it runs iterations. It has no counter of generated tokens (the output-length
+histogram moves only as a request completes, minutes apart for long generations): the iteration counter stands in
+for it, each iteration a decode step of every request in generation, so a frozen counter with requests held is a hung
+executor (NoTokenProgress). An executor that goes idle reports one more iteration with no request left
+(NVIDIA/TensorRT-LLM `cpp/tensorrt_llm/executor/executorImpl.cpp` `executionLoop` at 036a60f7: "When there are no
+active or inflight requests, we need to update the stats before calling fetchNewRequests"), so an idle server's
+figures say 0, not its last batch.
+
+Not covered: the gRPC port; Triton's other backends' own lines."""
 
 import re
 
-from stallwatch.engines.base import MPI_RANK_DIED, Engine, rule
+from stallwatch.engines.base import MPI_RANK_DIED, Engine, MetricsSpec, rule
 
 ENGINE = Engine(
     name="triton",
@@ -44,6 +56,13 @@ ENGINE = Engine(
     # `launch_triton_server.py` starts one `tritonserver` per rank under mpirun, all with rank 0's ports: only rank 0
     # serves, the others are its TensorRT-LLM executor's workers.
     rank_env=("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"),
+    # `command_line_parser.cc:706-735` and `.h:211-219`: `--allow-metrics` (true), `--metrics-port` (8002), the
+    # metrics address that of HTTP; `/metrics` only (`http_server.h:155`; any other path is an empty 200).
+    metrics=MetricsSpec(running='nv_trt_llm_request_metrics{request_type="scheduled"}',
+                        waiting='nv_trt_llm_request_metrics{request_type="waiting"}',
+                        tokens='nv_trt_llm_general_metrics{general_type="iteration_counter"}',
+                        port_flags=("--metrics-port",), default_port=8002, switch_flags=("--allow-metrics",),
+                        may_lack_figures=True),
     # glog's preamble (`logging.cc:127-144`: level, MMDD, time, pid, `file:line] `), the message's opening quote
     # since 24.06: a traceback's lines are read past it.
     line_prefix=rb'(?:[IWE]\d{4} \d\d:\d\d:\d\d\.\d{6} +\d+ [\w.-]+:\d+\] "?)?',

@@ -18,7 +18,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -76,20 +76,27 @@ def _selector(text: str) -> tuple[str, tuple[bytes, bytes] | None]:
     return name, (label.encode(), value.strip('"').encode())
 
 
-def _sums(data: bytes, names: Sequence[str], same_over: set[bytes],
-          only: dict[str, tuple[bytes, bytes] | None] | None = None) -> dict[str, _Groups]:
-    """Each name's groups of samples (see `_add`); `only` limits a name to the samples with one label value."""
-    groups: dict[str, _Groups] = {name: {} for name in names}
-    samples = dict.fromkeys(names, 0)
-    for line in _sample_lines(names).finditer(data):
+def _sums(data: bytes, selectors: dict[str, str], same_over: set[bytes]) -> dict[str, _Groups]:
+    """The groups of samples (see `_add`) of each selector (`name`, or `name{label="value"}`: only the samples
+    with that label value; several may read one name), by key, in one pass over the page."""
+    wanted: dict[str, list[tuple[str, tuple[bytes, bytes] | None]]] = {}
+    for key, text in selectors.items():
+        name, only = _selector(text)
+        wanted.setdefault(name, []).append((key, only))
+    groups: dict[str, _Groups] = {key: {} for key in selectors}
+    samples = dict.fromkeys(wanted, 0)
+    for line in _sample_lines(list(wanted)).finditer(data):
         name = line.group(1).decode()
         samples[name] += 1
         if samples[name] > MAX_SAMPLES:
             raise ValueError(f"more than {MAX_SAMPLES} samples of {name}")
-        wanted = (only or {}).get(name)
-        if wanted is not None and wanted not in _PAIRS.findall(line.group(2).split(b"}", 1)[0]):
-            continue
-        _add(groups[name], name, line.group(2), same_over)
+        pairs = None
+        for key, only in wanted[name]:
+            if only is not None:
+                pairs = _PAIRS.findall(line.group(2).split(b"}", 1)[0]) if pairs is None else pairs
+                if only not in pairs:
+                    continue
+            _add(groups[key], name, line.group(2), same_over)
     return groups
 
 
@@ -107,15 +114,11 @@ def parse_pd(page: str | bytes, spec: MetricsSpec) -> PdFigures | None:
     if not spec.pending and not spec.transfers:
         return None
     data = page.encode() if isinstance(page, str) else page
-    selectors = {stage: _selector(text) for stage, text in spec.pending}
-    # One name may be several stages (vLLM's `kv_fetch_by_stage{stage=...}`): each stage reads its own lines.
-    pending: dict[str, float] = {}
     same_over = {label.encode() for label in spec.same_over}
-    for stage, (name, only) in selectors.items():
-        groups = _sums(data, [name], same_over, {name: only})[name]
-        if groups:
-            pending[stage] = sum(groups.values())
-    transfers = _sums(data, spec.transfers, same_over)
+    # One name may be several stages (vLLM's `kv_fetch_by_stage{stage=...}`): each stage reads its own lines.
+    by_stage = _sums(data, dict(spec.pending), same_over)
+    pending = {stage: sum(groups.values()) for stage, groups in by_stage.items() if groups}
+    transfers = _sums(data, {name: name for name in spec.transfers}, same_over)
     found = [sum(groups.values()) for groups in transfers.values() if groups]
     values = [*pending.values(), *found]
     if not all(math.isfinite(value) for value in values):
@@ -125,13 +128,20 @@ def parse_pd(page: str | bytes, spec: MetricsSpec) -> PdFigures | None:
     return PdFigures(pending, sum(found) if found else None)
 
 
+class NoFigures(ValueError):
+    """A page with none of the engine's figures."""
+
+
 def parse_page(page: str | bytes, spec: MetricsSpec) -> tuple[float, float, float]:
     """Running, waiting and generated tokens from an engine's metrics page, each summed over label sets after the
-    largest value over `spec.same_over`; ValueError when one is missing, not finite or has too many samples."""
+    largest value over `spec.same_over`; ValueError when one is missing (NoFigures when all are), not finite or has
+    too many samples."""
     data = page.encode() if isinstance(page, str) else page
     names = (spec.running, spec.waiting, spec.tokens)
-    groups = _sums(data, names, {label.encode() for label in spec.same_over})
+    groups = _sums(data, {name: name for name in names}, {label.encode() for label in spec.same_over})
     missing = [name for name in names if not groups[name]]
+    if len(missing) == len(names):
+        raise NoFigures(f"no samples of {', '.join(missing)}")
     if missing:
         raise ValueError(f"no samples of {', '.join(missing)}")
     values = [sum(groups[name].values()) for name in names]
@@ -177,14 +187,15 @@ class PageState:
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
 
-def metrics_url(server: Server) -> tuple[str, bool] | None:
-    """The URL of the server's metrics page and whether it was derived from its command line; None when there is
-    none to fetch from here."""
+def metrics_url(server: Server) -> tuple[str, bool, int | None] | None:
+    """The URL of the server's metrics page, whether it was derived from its command line and the page's own port
+    (None: the engine's); None when there is none to fetch from here."""
     spec = server.engine.metrics
     if spec is None or not spec.served(server.launch.argv):
         return None
-    return page_url(server, spec.path)
-
+    port = spec.port(server.launch.flags)
+    found = page_url(server, spec.path, port)
+    return None if found is None else (*found, port)
 
 
 class Page(NamedTuple):
@@ -213,8 +224,8 @@ def _read_metrics_page(server: Server, timeout: float) -> Page:
     found = metrics_url(server)
     if found is None:
         return Page(None, None, "")
-    url, derived = found
-    if derived and not server.own_listeners():
+    url, derived, port = found
+    if derived and not server.own_listeners(port=port):
         return Page(False, None, "")  # not up yet (or gone): what a fetch would find, not worth a warning
     result, body = fetch(url, timeout, MAX_BODY_BYTES)
     spec = server.engine.metrics
@@ -230,6 +241,10 @@ def _read_metrics_page(server: Server, timeout: float) -> Page:
         return Page(False, None, f"GET {url}: the page is over {MAX_BODY_BYTES} bytes", loop_up)
     try:
         figures = parse_page(body, spec)
+    except NoFigures as exc:
+        if spec.may_lack_figures:
+            return Page(None, None, "", loop_up)  # a page of other figures (another backend's): none of these
+        return Page(False, None, f"GET {url}: {exc}", loop_up)
     except ValueError as exc:
         return Page(False, None, f"GET {url}: {exc}", loop_up)
     try:

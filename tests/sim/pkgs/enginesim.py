@@ -300,6 +300,25 @@ def _trtllm_iteration_stats(work: Work) -> bytes:
                         "trtllm_generation_tokens_total": 99999999}]).encode()
 
 
+def _triton_page(work: Work) -> str:
+    """Triton's metrics port with the TensorRT-LLM backend's families (`custom_metrics_reporter.cc`, the backend's
+    README example): the executor's iteration counter moves with the work's tokens. With `metrics: core` the page of
+    a model of another backend: Triton's own families only."""
+    labels = 'model="tensorrt_llm",version="1"'
+    core = _series("nv_inference_request_success", "counter", "Number of successful inference requests, all batch "
+                   "sizes", [(f"{{{labels}}}", 12)])
+    if work.spec.get("metrics") == "core":
+        return core
+    running, waiting = sum(work.split("running")), sum(work.split("waiting"))
+    return (core + _series("nv_trt_llm_request_metrics", "gauge", "TRT LLM request metrics",
+                           [(f'{{{labels},request_type="{kind}"}}', value) for kind, value in
+                            (("waiting", waiting), ("context", 0), ("scheduled", running), ("max", 512),
+                             ("active", running + waiting))])
+            + _series("nv_trt_llm_general_metrics", "gauge", "General TRT LLM metrics",
+                      [(f'{{general_type="iteration_counter",{labels}}}', sum(work.tokens())),
+                       (f'{{general_type="timestamp",{labels}}}', int(time.time()))]))
+
+
 def _lmdeploy_page(work: Work) -> str:
     return _per_engine_page(work, "lmdeploy:", "internlm/internlm3-8b-instruct")
 
@@ -310,9 +329,10 @@ def _aphrodite_page(work: Work) -> str:
 
 
 PAGES = {"vllm": _vllm_page, "sglang": _sglang_page, "tgi": _tgi_page, "llamacpp": _llamacpp_page,
-         "trtllm": _trtllm_page, "lmdeploy": _lmdeploy_page, "aphrodite-vllm": _aphrodite_page,
+         "trtllm": _trtllm_page, "triton": _triton_page, "lmdeploy": _lmdeploy_page, "aphrodite-vllm": _aphrodite_page,
          "dynamo-vllm": _vllm_page}  # a Dynamo worker's system port re-exports vLLM's families
 PAGE_PATHS = {"trtllm": "/prometheus/metrics"}  # the text format's page where it is not `/metrics`
+METRICS_PORT = {"triton": "--metrics-port"}  # the page on a port of its own, given by this flag, not on the engine's
 def _llamacpp_slots(work: Work) -> bytes:
     """llama-server's `/slots` (on by default): one object per slot as `server_slot::to_json` writes it, the loop's
     answer to a SERVER_TASK_TYPE_METRICS task (so it hangs with the loop, `metrics: hang`)."""
@@ -394,6 +414,7 @@ class _Health(BaseHTTPRequestHandler):
     engine = ""
     work: Work | None = None
     dummy = False
+    pages = True  # serves the metrics page (the engine's port does not where the page has a port of its own)
     unavailable = b'{"error":{"message":"Loading model","code":503}}'  # the body of a status that is not 200
 
     def do_GET(self) -> None:
@@ -408,7 +429,7 @@ class _Health(BaseHTTPRequestHandler):
             self.status = 200
             self._send(JSON_PAGES[self.work.engine][path](self.work), "application/json")
             return
-        if self.work is not None and path == PAGE_PATHS.get(self.work.engine, "/metrics"):
+        if self.work is not None and path == PAGE_PATHS.get(self.work.engine, "/metrics") and self.pages:
             self._metrics(self.work)
             return
         healthy = HEALTHY.get(self.engine, b'{"status":"ok"}')
@@ -437,8 +458,9 @@ class _Health(BaseHTTPRequestHandler):
 
 
 def _http(host: str, port: int, status: int, work: Work | None = None, dummy: bool = False,
-          engine: str = "") -> ThreadingHTTPServer:
-    handler = type("Handler", (_Health,), {"status": status, "work": work, "dummy": dummy, "engine": engine})
+          engine: str = "", pages: bool = True) -> ThreadingHTTPServer:
+    handler = type("Handler", (_Health,), {"status": status, "work": work, "dummy": dummy, "engine": engine,
+                                           "pages": pages})
     server = ThreadingHTTPServer((host, port), handler)
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -485,6 +507,7 @@ def main(engine: str) -> None:
                         default=1)
     parser.add_argument("--disaggregation-mode", default="")
     parser.add_argument("--kv-transfer-config", default="{}")  # vLLM's: `kv_role` kv_producer or kv_consumer
+    parser.add_argument(METRICS_PORT.get(engine, "--no-metrics-port"), dest="metrics_port", type=int)
     args, _ = parser.parse_known_args()
     args.port = int(args.port)
     with open(os.environ["ENGINESIM_SCENARIO"]) as handle:
@@ -528,7 +551,10 @@ def main(engine: str) -> None:
         work = Work(engine, scenario["work"], role, scenario.get("work_file")) if "work" in scenario else None
         http = scenario.get("http", "api")
         if http != "none":
-            server = _http(args.host, args.port, 200, work, dummy=http == "dummy", engine=engine)
+            server = _http(args.host, args.port, 200, work, dummy=http == "dummy", engine=engine,
+                           pages=engine not in METRICS_PORT)
+            if engine in METRICS_PORT and args.metrics_port:
+                _http(args.host, args.metrics_port, 200, work, engine=engine)
             if "dies" in scenario:
                 threading.Thread(target=_dies, args=(scenario["dies"], server, engine), daemon=True).start()
         while work is not None:

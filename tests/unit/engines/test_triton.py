@@ -9,8 +9,10 @@ import pytest
 from stallwatch.discovery.processes import invocation, role_name
 from stallwatch.engines import ENGINES
 from stallwatch.logs.interpret import LogInterpreter
+from stallwatch.signals.engine_page import NoFigures, parse_page
 from support import feeding
 from support import transcripts as t
+from support.paths import ROOT
 
 TRITON = ENGINES["triton"]
 
@@ -101,3 +103,61 @@ def test_a_model_that_failed_to_load_on_a_server_that_goes_on_is_a_fatal_event_o
     lines = t.triton_healthy().splitlines(keepends=True)
     served = fed("".join(lines[:5]), failed, "".join(lines[5:]))
     assert served.snapshot().phase == "serving" and served.snapshot().events["fatal"] == 1
+
+
+# tensorrtllm_backend README.md at c2e65b88 ("Triton Metrics", lines 699-739): `curl localhost:8002/metrics` of an
+# inflight batcher model, verbatim; and the core's families as Triton
+# writes them for every backend (core `src/metrics.cc`).
+TRT_LLM_PAGE = (ROOT / "tests" / "fixtures" / "pages" / "triton-trtllm-readme.prom").read_text()
+CORE_PAGE = """\
+# HELP nv_inference_request_success Number of successful inference requests, all batch sizes
+# TYPE nv_inference_request_success counter
+nv_inference_request_success{model="resnet50",version="1"} 12
+# HELP nv_inference_pending_request_count Instantaneous number of pending requests awaiting execution per-model.
+# TYPE nv_inference_pending_request_count gauge
+nv_inference_pending_request_count{model="resnet50",version="1"} 0
+"""
+
+
+def test_its_figures_are_the_executors_scheduled_and_waiting_requests_and_its_iterations() -> None:
+    """Running is `scheduled`, waiting `waiting` (the backend's active less scheduled: never `max`, `context`, nor
+    `active` which counts the waiting again), and the iteration counter stands in for the tokens it does not count;
+    each read from its own label value of one family (issue 28)."""
+    spec = TRITON.metrics
+    assert spec is not None
+    assert parse_page(TRT_LLM_PAGE, spec) == (1.0, 1.0, 0.0)
+    busy = TRT_LLM_PAGE.replace('request_type="scheduled",version="1"} 1', 'request_type="scheduled",version="1"} 8')
+    busy = busy.replace('"iteration_counter",model="tensorrt_llm",version="1"} 0', '"iteration_counter",'
+                        'model="tensorrt_llm",version="1"} 6189')
+    assert parse_page(busy, spec) == (8.0, 1.0, 6189.0)
+
+
+def test_a_page_of_other_backends_has_no_figures_and_says_so() -> None:
+    """Triton's metrics serve every backend: a page without `nv_trt_llm_*` (an ONNX or Python model) is no page of
+    figures (`may_lack_figures`), told apart from one that lacks only some of them (a failing page)."""
+    spec = TRITON.metrics
+    assert spec is not None and spec.may_lack_figures
+    with pytest.raises(NoFigures):
+        parse_page(CORE_PAGE, spec)
+    partial = "\n".join(line for line in TRT_LLM_PAGE.splitlines() if "iteration_counter" not in line)
+    with pytest.raises(ValueError, match="iteration_counter") as raised:
+        parse_page(partial, spec)
+    assert not isinstance(raised.value, NoFigures)
+
+
+@pytest.mark.parametrize(("args", "served", "port"), [
+    ((), True, 8002),
+    (("--metrics-port", "9002"), True, 9002),
+    (("--metrics-port=9102", "--allow-metrics=true"), True, 9102),
+    (("--allow-metrics=false",), False, 8002),
+    (("--allow-metrics", "OFF"), False, 8002),
+    (("--allow-metrics=0",), False, 8002),
+    (("--metrics-port", "99999"), True, 8002),  # not a port: the default
+])
+def test_its_metrics_are_on_their_own_port_unless_turned_off(args: tuple[str, ...], served: bool, port: int) -> None:
+    """`command_line_parser.cc`: `--metrics-port` (8002), `--allow-metrics` a boolean (`true|on|1`, `false|off|0`,
+    any case: `ParseOption<bool>`), in either flag form."""
+    spec = TRITON.metrics
+    assert spec is not None
+    argv = ["tritonserver", "--model-repository=/models/repo", *args]
+    assert (spec.served(argv), spec.port(argv)) == (served, port)
