@@ -11,6 +11,7 @@ out on live evaluations (`--live-minutes`) and the history is loaded, prints the
 removes its folder. Exit status 1: an alert was false or missed.
 
     .venv/bin/python tests/bench/bench_fleet.py --nodes 1000 [--history-minutes 120] [--live-minutes 12] [--jobs 4]
+                                                [--hold-minutes 30]
 """
 
 from __future__ import annotations
@@ -187,6 +188,9 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=max(1, (os.cpu_count() or 2) // 2),
                         help="backfill writers at once, each with its promtool (default: half the CPUs)")
     parser.add_argument("--timeout-minutes", type=float, default=90.0, help="gives up (and cleans up) after this")
+    parser.add_argument("--hold-minutes", type=float, default=0.0,
+                        help="after the report, keeps the fleet and Prometheus running this long (its URL printed), "
+                             "to try queries against it (`/api/v1/query?stats=all` says what each costs)")
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a `kill` cleans up too
     tmp = Path(tempfile.mkdtemp(prefix="stallwatch-bench-fleet-"))
@@ -243,6 +247,9 @@ def run(args: argparse.Namespace, tmp: Path, stack: list) -> None:
             raise SystemExit("the backfill failed (see above)")
         time.sleep(5)
     report(args, prometheus, nodes, found, history, server.abandoned)
+    if args.hold_minutes:
+        note(f"holding Prometheus at http://127.0.0.1:{prometheus.port} for {args.hold_minutes:g} min")
+        time.sleep(args.hold_minutes * 60)
 
 
 def report(args: argparse.Namespace, prometheus: Prometheus, nodes: list[fleet.Node],
