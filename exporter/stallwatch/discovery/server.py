@@ -133,6 +133,9 @@ class Server:
         self.engine: Engine = ENGINES[spec.engine].with_rules(spec.rules)
         self._worker_engine = ENGINES[spec.engine].as_worker().with_rules(spec.rules)
         self._ranks_started = 0  # the most rank processes this launch's tree has had
+        # The MPI rank of each child of the launcher (`_other_ranks`), read once: the environment a process was
+        # started with is fixed. A child without one is read again (forked, not yet exec'd with its rank).
+        self._sibling_ranks: dict[int, int | None] = {}
         self._config = config
         self._lock = threading.Lock()
         self._tree: tuple[float, _TreeReading] = (float("-inf"), NOT_READ)
@@ -195,6 +198,7 @@ class Server:
                 launch = dataclasses.replace(launch, probes=self._derived_probes(launch))
             self._tree = (float("-inf"), NOT_READ)
             self._ranks_started = 0
+            self._sibling_ranks = {}
             self.launch = launch
         self.interpreter.use(self._worker_engine if member is not None and member.worker else self.engine)
         self.interpreter.track_pending(pd.role if pd is not None else "")
@@ -352,10 +356,13 @@ class Server:
         launcher = launch.launcher
         if launcher is None or not _running(launcher):
             return []
+        siblings = [pid for pid in self.table.children(launcher.pid) if pid != launch.pid]
+        known = self._sibling_ranks
+        self._sibling_ranks = {pid: known[pid] if known.get(pid) is not None else self.engine.mpi_rank(
+            read_environ(self._config.paths.procfs, pid, self.engine.rank_env)) for pid in siblings}
         out: list[tuple[int, str | None]] = []
-        for pid in self.table.children(launcher.pid):
-            rank = self.engine.mpi_rank(read_environ(self._config.paths.procfs, pid, self.engine.rank_env))
-            if pid != launch.pid and rank is not None:
+        for pid, rank in self._sibling_ranks.items():
+            if rank is not None:
                 out.append((pid, f"rank{rank}"))
                 out.extend((below, None) for below in self.table.descendants(pid))
         return out
