@@ -74,6 +74,13 @@ CATALOG: dict[str, Family] = {
     "gpu_xid_last_timestamp_seconds": Family(
         "gauge", "When the exporter received the GPU's last Xid of this kind, seconds since the epoch.",
         (*GPU, "xid")),
+    # The Xids again, with the server of each GPU: the fault pages read a server's GPUs without joining every GPU's
+    # memory with the Xids on every evaluation, and a GPU that hangs (its memory withheld) still names its servers.
+    "server_gpu_xid_last_timestamp_seconds": Family(
+        "gauge", "When the exporter received the last Xid of this kind of a GPU the server holds memory on, or held "
+        "memory on in the GPU's last reading that answered while it does not answer now "
+        "(stallwatch_gpu_xid_last_timestamp_seconds with its server), seconds since the epoch.",
+        ("server", *GPU, "xid")),
     "gpu_unattributed_memory_bytes": Family(
         "gauge", "GPU memory held by processes in no watched server's tree (gone, or someone else's), bytes.", GPU),
     # Process tree

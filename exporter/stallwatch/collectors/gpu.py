@@ -1,7 +1,7 @@
 """GPU collector: per-device identity, memory, utilization and busy seconds, the cheap health fields (power,
 energy, the driver's recovery action, ECC, remapped rows, PCIe replays, the clock event reasons' bitmask), Xid
-events, the memory that each watched server's processes hold on each GPU (with that GPU's busy seconds) and the memory
-nobody watched holds. It reads the
+events, the memory that each watched server's processes hold on each GPU (with that GPU's busy seconds and Xids) and
+the memory nobody watched holds. It reads the
 NVML readers' last readings and never calls NVML; a failing device is reported as down, never as stale."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from stallwatch.discovery.watcher import Watcher
 from stallwatch.runtime import required
 from stallwatch.signals.devices import Device, DeviceFailure, server_memory
 from stallwatch.signals.nvml import GpuSettings, Nvml
-from stallwatch.signals.xid import XidEvents
+from stallwatch.signals.xid import XidCount, XidEvents
 
 HEALTH = (  # family -> the `Health` field that feeds it, one sample per GPU
     ("gpu_power_watts", "power_watts"), ("gpu_power_limit_watts", "power_limit_watts"),
@@ -62,39 +62,50 @@ class GpuCollector:
                 busy.add_metric(labels, seconds)
         yield from (info, up, used, total, utilization, busy)
         yield from _health(found.devices)
-        yield from self._xid()
-        yield from self._memory(found.devices)
+        xids = self.xid.counts() if self.xid is not None else []
+        yield from _xid(xids)
+        yield from self._memory(found.devices, [f.last for f in found.failed if f.last is not None], xids)
 
-    def _xid(self) -> Iterator[Metric]:
-        errors, last = family("gpu_xid_errors_total"), family("gpu_xid_last_timestamp_seconds")
-        for count in self.xid.counts() if self.xid is not None else []:
-            errors.add_metric([count.gpu, count.uuid, count.xid], float(count.count))
-            last.add_metric([count.gpu, count.uuid, count.xid], count.last)
-        yield from (errors, last)
-
-    def _memory(self, devices: list[Device]) -> Iterator[Metric]:
-        """What each server holds on each GPU (and that GPU's busy seconds, with the server), and what no watched
-        server does: processes that are gone (a rank left over from the last run) or belong to no watched tree. A
-        GPU a server lists (`gpus:`) is its own."""
+    def _memory(self, devices: list[Device], silent: list[Device], xids: list[XidCount]) -> Iterator[Metric]:
+        """What each server holds on each GPU (and that GPU's busy seconds and Xids, with the server), and what no
+        watched server does: processes that are gone (a rank left over from the last run) or belong to no watched
+        tree. A GPU a server lists (`gpus:`) is its own. `silent`: the last readings that answered of the GPUs that do
+        not answer now, whose memory is withheld but whose Xids still name the servers that held memory on them (a
+        GPU that hangs posts its Xid 119 after its last answer)."""
         held, unattributed = family("server_gpu_memory_used_bytes"), family("gpu_unattributed_memory_bytes")
-        busy = family("server_gpu_busy_seconds_total")
+        busy, faults = family("server_gpu_busy_seconds_total"), family("server_gpu_xid_last_timestamp_seconds")
+        by_gpu: dict[str, list[XidCount]] = {}
+        for count in xids:
+            by_gpu.setdefault(count.uuid, []).append(count)
         watched: set[int] = set()
         owned: set[str] = set()
         for server in self.watcher.servers():
             look = server.look()
-            for device, memory in server_memory(look, devices):
+            holdings = server_memory(look, devices)
+            for device, memory in holdings:
                 labels = [look.name, device.index, device.uuid]
                 held.add_metric(labels, memory)
                 seconds = self.nvml.busy_seconds(device.uuid)
                 if seconds is not None:
                     busy.add_metric(labels, seconds)
+            for device, memory in [*holdings, *server_memory(look, silent)]:
+                for count in by_gpu.get(device.uuid, []) if memory > 0 else []:
+                    faults.add_metric([look.name, device.index, device.uuid, count.xid], count.last)
             watched.update(s.pid for s in look.tree)
             owned.update(str(gpu) for gpu in look.spec.gpus or ())
         for device in devices:
             if device.processes is not None and device.index not in owned:
                 stray = sum(b for pid, b in device.processes.items() if pid not in watched)
                 unattributed.add_metric([device.index, device.uuid], stray)
-        yield from (held, busy, unattributed)
+        yield from (held, busy, faults, unattributed)
+
+
+def _xid(xids: list[XidCount]) -> Iterator[Metric]:
+    errors, last = family("gpu_xid_errors_total"), family("gpu_xid_last_timestamp_seconds")
+    for count in xids:
+        errors.add_metric([count.gpu, count.uuid, count.xid], float(count.count))
+        last.add_metric([count.gpu, count.uuid, count.xid], count.last)
+    yield from (errors, last)
 
 
 def _health(devices: Iterable[Device]) -> Iterator[Metric]:
