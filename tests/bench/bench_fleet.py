@@ -291,7 +291,8 @@ def alerts(prometheus: Prometheus, nodes: list[fleet.Node]) -> None:
     found = prometheus.get("/api/v1/alerts")["data"]["alerts"]  # type: ignore[index]
     firing = {(a["labels"]["alertname"], a["labels"].get("instance", "")) for a in found if a["state"] == "firing"}
     pending = {(a["labels"]["alertname"], a["labels"].get("instance", "")) for a in found if a["state"] == "pending"}
-    expected = {(name, n.instance) for n in nodes for name in n.expected}
+    now = time.time()
+    expected = {(name, n.instance) for n in nodes for name in n.expected(now)}
     waits = {r["name"]: r["duration"] for g in prometheus.get("/api/v1/rules")["data"]["groups"]  # type: ignore[index]
              for r in g["rules"] if r["type"] == "alerting"}
 

@@ -12,8 +12,10 @@ catalog (stallwatch.collectors.catalog).
 States per block of 100 nodes: 90 healthy idle (traffic bursts of
 30-240 s every ~20 min, silent log and 0 % GPU between them), 7 busy, 2 stalled the seed's way (loading_weights with
 76 GB per GPU, 0 %, log silent, probe refused, port closed: one since before the history, one relaunched inside it),
-1 post-ready hang (requests held, no token; vLLM keeps logging and warns once a minute). Noise that must not page:
-probe timeouts lasting one scrape. Values are pure functions of (node, time), so the history and the live tail agree.
+1 post-ready hang (requests held, no token; vLLM keeps logging and warns once a minute), and 2 idle ones whose GPU 3
+reports Xid 48 (an uncorrectable ECC error): one two minutes into the live tail (InferenceServerGpuFault for 15
+minutes), one an hour before it (a fault too old to page). Noise that must not page: probe timeouts lasting one
+scrape. Values are pure functions of (node, time), so the history and the live tail agree.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from support.harness import Engine, Exporter, gpus, poll
 STEP = 15.0  # seconds between two samples of the history (the scrape interval of the live tail)
 GPUS = 8
 GB = 1e9
-NOISE = {"busy": 0.01, "idle": 0.001, "hung": 0.001}  # probe timeouts that last one scrape, per scrape
+NOISE = {"busy": 0.01, "idle": 0.001, "hung": 0.001, "faulted": 0.001}  # probe timeouts lasting one scrape, per scrape
 
 # The alerts each state must raise; every other alert must stay silent.
 EXPECTED = {
@@ -45,8 +47,10 @@ EXPECTED = {
     "busy": set(),
     "stalled": {"InferenceServerLoadedButIdle", "InferenceServerStartupStuck"},
     "hung": {"InferenceServerNoTokenProgress"},
+    "faulted": set(),  # and InferenceServerGpuFault for 15 minutes after its Xid (`Node.expected`)
 }
 HUNG_VLLM_EXTRA = {"InferenceServerRepeatedStallWarnings"}  # its `No available shared memory broadcast block`
+FAULT_GPU, FAULT_XID, FAULT_WINDOW = "3", "48", 900.0  # the faulted nodes' Xid; the rule's window for it (15m)
 
 SERVE_ARGS = {"sglang": ("--enable-metrics",)}  # each engine as a fleet runs it
 
@@ -90,9 +94,11 @@ def live_template(tmp: Path, engine: str) -> Template:
                     ecc_uncorrected=0, remapped_rows=[0, 0, 0, 0], pcie_replays=0, clock_reasons=0)
         for gpu, rank in zip(nvml, ranks, strict=True):
             gpu["processes"] = [{"pid": rank.pid, "used": 75e9}]
+        # One Xid, so that its families (per GPU and with the server) are in the template; the faulted nodes show it.
+        events = [{"id": 1, "gpu": int(FAULT_GPU), "data": int(FAULT_XID)}]
         # Discovery off: this machine's other engines are no part of the node. The collectors' defaults, as a node
         # runs them (no detail families: the test harness turns those on for its evidence).
-        exporter = Exporter(tmp, nvml={"gpus": nvml}, details=False, config=(
+        exporter = Exporter(tmp, nvml={"gpus": nvml, "events": events}, details=False, config=(
             "discovery: {enabled: false}\n"
             "engine_metrics: {interval: 1s, timeout: 1s}\n"
             f"servers:\n  - name: {engine}-template\n    engine: {engine}\n"
@@ -100,7 +106,8 @@ def live_template(tmp: Path, engine: str) -> Template:
         scrape = exporter.wait_for(
             lambda s: len(s.samples(f"{PREFIX}server_gpu_memory_used_bytes")) == GPUS
             and s.value(f"{PREFIX}probe_success") == 1 and s.value(f"{PREFIX}startup_phase", phase="serving") == 1
-            and {ls["source"] for ls in s.labelsets(f"{PREFIX}engine_requests_running")} == {"metrics", "log"} and s,
+            and {ls["source"] for ls in s.labelsets(f"{PREFIX}engine_requests_running")} == {"metrics", "log"}
+            and s.labelsets(f"{PREFIX}server_gpu_xid_last_timestamp_seconds") and s,
             timeout=60, what=f"the {engine} node's series")
         return _template(engine, f"{engine}-template", str(sim.port), scrape.text)
     finally:
@@ -141,8 +148,8 @@ def templates() -> dict[str, Template]:
 class Node:
     index: int
     engine: str
-    state: str  # idle | busy | stalled | hung
-    onset: float  # stalled, hung: when it began; else the server's start
+    state: str  # idle | busy | stalled | hung | faulted
+    onset: float  # stalled, hung: when it began; faulted: its Xid; else the server's start
     restarted: bool  # stalled: relaunched at `onset` inside the history (idle serving before)
     start: float  # when the server (first) started
     util: float  # busy: its GPUs' mean utilization
@@ -157,9 +164,11 @@ class Node:
     def instance(self) -> str:
         return f"node-{self.index:04d}:9847"
 
-    @property
-    def expected(self) -> set[str]:
-        return EXPECTED[self.state] | (HUNG_VLLM_EXTRA if self.state == "hung" and self.engine == "vllm" else set())
+    def expected(self, t: float) -> set[str]:
+        """The alerts the node must raise at `t`."""
+        fault = self.state == "faulted" and 0 <= t - self.onset < FAULT_WINDOW
+        return EXPECTED[self.state] | (HUNG_VLLM_EXTRA if self.state == "hung" and self.engine == "vllm" else set()) \
+            | ({"InferenceServerGpuFault"} if fault else set())
 
 
 BURST_UTIL = 0.6
@@ -170,7 +179,7 @@ def make_node(index: int, now: float, horizon: float) -> Node:
     always gives the same node, so 100 nodes are the first 100 of 1000."""
     rng = random.Random(index)
     slot = index % 100
-    state = {17: "stalled", 61: "stalled", 42: "hung"}.get(slot) or \
+    state = {17: "stalled", 61: "stalled", 42: "hung", 33: "faulted", 88: "faulted"}.get(slot) or \
         ("busy" if slot in (5, 23, 38, 50, 71, 84, 96) else "idle")
     if state == "stalled":
         engine = "sglang"  # the seed's
@@ -181,7 +190,8 @@ def make_node(index: int, now: float, horizon: float) -> Node:
     restarted = state == "stalled" and slot == 61
     start = now - rng.uniform(7, 30) * 3600
     onset = {"stalled": now - (rng.uniform(25, 100) * 60 if restarted else rng.uniform(2.2, 6) * 3600),
-             "hung": now - rng.uniform(15, 100) * 60}.get(state, start)
+             "hung": now - rng.uniform(15, 100) * 60,
+             "faulted": now + 120 if slot == 88 else now - 3600}.get(state, start)
     if state == "stalled" and not restarted:
         start = onset - 150  # launched, loaded its shards, then nothing
     bursts: list[tuple[float, float]] = []
@@ -235,6 +245,7 @@ class At:
     start: float
     phase_start: float
     events: dict[str, float]
+    xid_at: float | None = None  # when its faulted GPU's Xid came (None: none yet)
 
 
 def _bursts_busy(node: Node, t: float) -> tuple[float, bool, float]:
@@ -250,6 +261,13 @@ def _bursts_busy(node: Node, t: float) -> tuple[float, bool, float]:
 
 
 def at(node: Node, t: float) -> At:
+    now = _at(node, t)
+    if node.state == "faulted" and t >= node.onset:
+        now.xid_at = node.onset
+    return now
+
+
+def _at(node: Node, t: float) -> At:
     step = int(t // STEP)
     timeouts = float(bisect.bisect_right(node.noise, step))
     blip = bool(node.noise) and timeouts > 0 and node.noise[int(timeouts) - 1] == step
@@ -349,6 +367,9 @@ VALUES: dict[str, Value] = {
     "engine_generated_tokens_total": lambda a, lab, v: a.tokens,
     "engine_stats_timestamp_seconds": lambda a, lab, v: a.t - a.t % 10 if lab["source"] == "metrics" else a.stats_at,
     "engine_metrics_up": lambda a, lab, v: 1.0,
+    "gpu_xid_errors_total": lambda a, lab, v: None if a.xid_at is None else 1.0,
+    "gpu_xid_last_timestamp_seconds": lambda a, lab, v: a.xid_at,
+    "server_gpu_xid_last_timestamp_seconds": lambda a, lab, v: a.xid_at,
 }
 
 
