@@ -9,13 +9,13 @@ exporter adds or drops therefore shows up here without a change; the model moves
 rules and dashboards read, and keeps the template's value for the rest. Every family must be in the exporter's
 catalog (stallwatch.collectors.catalog).
 
-States per block of 100 nodes: 90 healthy idle (traffic bursts of
-30-240 s every ~20 min, silent log and 0 % GPU between them), 7 busy, 2 stalled the seed's way (loading_weights with
-76 GB per GPU, 0 %, log silent, probe refused, port closed: one since before the history, one relaunched inside it),
-1 post-ready hang (requests held, no token; vLLM keeps logging and warns once a minute), and 2 idle ones whose GPU 3
-reports Xid 48 (an uncorrectable ECC error): one two minutes into the live tail (InferenceServerGpuFault for 15
-minutes), one an hour before it (a fault too old to page). Noise that must not page: probe timeouts lasting one
-scrape. Values are pure functions of (node, time), so the history and the live tail agree.
+States per block of 100 nodes: 88 healthy idle (traffic bursts of 30-240 s every ~20 min, silent log and 0 % GPU
+between them), 7 busy, 2 stalled the seed's way (loading_weights with 76 GB per GPU, 0 %, log silent, probe refused,
+port closed: one since before the history, one relaunched inside it), 1 post-ready hang (requests held, no token;
+vLLM keeps logging and warns once a minute), and 2 idle ones whose GPU 3 reports Xid 48 (an uncorrectable ECC error)
+and whose driver then asks for a GPU reset: one two minutes into the live tail (InferenceServerGpuFault from then
+on), one an hour before it, its GPU reset 10 minutes later (too old to page). Noise that must not page: probe
+timeouts lasting one scrape. Values are pure functions of (node, time), so the history and the live tail agree.
 """
 
 from __future__ import annotations
@@ -47,10 +47,11 @@ EXPECTED = {
     "busy": set(),
     "stalled": {"InferenceServerLoadedButIdle", "InferenceServerStartupStuck"},
     "hung": {"InferenceServerNoTokenProgress"},
-    "faulted": set(),  # and InferenceServerGpuFault for 15 minutes after its Xid (`Node.expected`)
+    "faulted": set(),  # and InferenceServerGpuFault from its Xid until 15 minutes after it or its reset, the later
 }
 HUNG_VLLM_EXTRA = {"InferenceServerRepeatedStallWarnings"}  # its `No available shared memory broadcast block`
 FAULT_GPU, FAULT_XID, FAULT_WINDOW = "3", "48", 900.0  # the faulted nodes' Xid; the rule's window for it (15m)
+RESET_AFTER = 600.0  # seconds from the old fault to its GPU's reset (its recovery action back to 0)
 
 SERVE_ARGS = {"sglang": ("--enable-metrics",)}  # each engine as a fleet runs it
 
@@ -94,8 +95,10 @@ def live_template(tmp: Path, engine: str) -> Template:
                     ecc_uncorrected=0, remapped_rows=[0, 0, 0, 0], pcie_replays=0, clock_reasons=0)
         for gpu, rank in zip(nvml, ranks, strict=True):
             gpu["processes"] = [{"pid": rank.pid, "used": 75e9}]
-        # One Xid, so that its families (per GPU and with the server) are in the template; the faulted nodes show it.
+        # One Xid and a recovery action, so that their families (per GPU and with the server) are in the template;
+        # the faulted nodes show them.
         events = [{"id": 1, "gpu": int(FAULT_GPU), "data": int(FAULT_XID)}]
+        nvml[int(FAULT_GPU)]["recovery_action"] = 1
         # Discovery off: this machine's other engines are no part of the node. The collectors' defaults, as a node
         # runs them (no detail families: the test harness turns those on for its evidence).
         exporter = Exporter(tmp, nvml={"gpus": nvml, "events": events}, details=False, config=(
@@ -107,7 +110,8 @@ def live_template(tmp: Path, engine: str) -> Template:
             lambda s: len(s.samples(f"{PREFIX}server_gpu_memory_used_bytes")) == GPUS
             and s.value(f"{PREFIX}probe_success") == 1 and s.value(f"{PREFIX}startup_phase", phase="serving") == 1
             and {ls["source"] for ls in s.labelsets(f"{PREFIX}engine_requests_running")} == {"metrics", "log"}
-            and s.labelsets(f"{PREFIX}server_gpu_xid_last_timestamp_seconds") and s,
+            and s.labelsets(f"{PREFIX}server_gpu_xid_last_timestamp_seconds")
+            and s.labelsets(f"{PREFIX}server_gpu_recovery_action") and s,
             timeout=60, what=f"the {engine} node's series")
         return _template(engine, f"{engine}-template", str(sim.port), scrape.text)
     finally:
@@ -159,6 +163,7 @@ class Node:
     burst_ends: list[float] = field(default_factory=list)
     burst_prefix: list[float] = field(default_factory=list)  # busy seconds of the bursts before each one
     noise: list[int] = field(default_factory=list)  # scrape steps whose probe timed out, sorted
+    reset_at: float = math.inf  # faulted: when its GPU was reset (its recovery action 0 again)
 
     @property
     def instance(self) -> str:
@@ -166,7 +171,7 @@ class Node:
 
     def expected(self, t: float) -> set[str]:
         """The alerts the node must raise at `t`."""
-        fault = self.state == "faulted" and 0 <= t - self.onset < FAULT_WINDOW
+        fault = self.state == "faulted" and self.onset <= t < max(self.onset + FAULT_WINDOW, self.reset_at)
         return EXPECTED[self.state] | (HUNG_VLLM_EXTRA if self.state == "hung" and self.engine == "vllm" else set()) \
             | ({"InferenceServerGpuFault"} if fault else set())
 
@@ -208,6 +213,8 @@ def make_node(index: int, now: float, horizon: float) -> Node:
         node.burst_prefix.append(total)
         node.burst_ends.append(end)
         total += (end - begin) * BURST_UTIL
+    if state == "faulted" and onset < now:
+        node.reset_at = onset + RESET_AFTER
     rate = NOISE.get(state, 0.0)
     first, last = int(start // STEP), int(horizon // STEP)
     node.noise = [k for k in range(first, last) if rng.random() < rate]
@@ -246,6 +253,7 @@ class At:
     phase_start: float
     events: dict[str, float]
     xid_at: float | None = None  # when its faulted GPU's Xid came (None: none yet)
+    recovery: bool = False  # its faulted GPU's driver asks for a reset
 
 
 def _bursts_busy(node: Node, t: float) -> tuple[float, bool, float]:
@@ -263,7 +271,7 @@ def _bursts_busy(node: Node, t: float) -> tuple[float, bool, float]:
 def at(node: Node, t: float) -> At:
     now = _at(node, t)
     if node.state == "faulted" and t >= node.onset:
-        now.xid_at = node.onset
+        now.xid_at, now.recovery = node.onset, t < node.reset_at
     return now
 
 
@@ -370,6 +378,8 @@ VALUES: dict[str, Value] = {
     "gpu_xid_errors_total": lambda a, lab, v: None if a.xid_at is None else 1.0,
     "gpu_xid_last_timestamp_seconds": lambda a, lab, v: a.xid_at,
     "server_gpu_xid_last_timestamp_seconds": lambda a, lab, v: a.xid_at,
+    "gpu_recovery_action": lambda a, lab, v: 1.0 if a.recovery and lab["gpu"] == FAULT_GPU else 0.0,
+    "server_gpu_recovery_action": lambda a, lab, v: 1.0 if a.recovery else None,
 }
 
 

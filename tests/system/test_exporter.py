@@ -279,6 +279,17 @@ def test_gpu_health_fields_xid_events_and_memory_nobody_watched(exporter, engine
     assert "70 W of 700 W, recovery action GPU reset; Xid 13 x1 " in page
     assert "(a graphics engine exception)" in page
     assert "FAILED: GPU 0 (GPU-" in page and "the driver asks for: GPU reset" in page
+    # The fault page's series: GPU 0's Xid and recovery action with the server that holds memory on it; GPU 1's Xid
+    # 79 with nobody (no server holds memory on GPU 1).
+    scrape = e.wait_for(lambda s: s.labelsets("stallwatch_server_gpu_xid_last_timestamp_seconds") and s,
+                        what="the Xid with its server")
+    assert scrape.labelsets("stallwatch_server_gpu_xid_last_timestamp_seconds") == [
+        {"server": sim.name, "gpu": "0", "uuid": nvml[0]["uuid"], "xid": "13"}]
+    assert scrape.value("stallwatch_server_gpu_xid_last_timestamp_seconds", server=sim.name, xid="13") == \
+        scrape.value("stallwatch_gpu_xid_last_timestamp_seconds", gpu="0", xid="13")
+    assert scrape.labelsets("stallwatch_server_gpu_recovery_action") == [
+        {"server": sim.name, "gpu": "0", "uuid": nvml[0]["uuid"]}]
+    assert scrape.value("stallwatch_server_gpu_recovery_action", server=sim.name, gpu="0") == 1
 
 
 def test_event_set_rebuilt_after_an_error(exporter) -> None:

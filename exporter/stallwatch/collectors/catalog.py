@@ -74,13 +74,19 @@ CATALOG: dict[str, Family] = {
     "gpu_xid_last_timestamp_seconds": Family(
         "gauge", "When the exporter received the GPU's last Xid of this kind, seconds since the epoch.",
         (*GPU, "xid")),
-    # The Xids again, with the server of each GPU: the fault pages read a server's GPUs without joining every GPU's
-    # memory with the Xids on every evaluation, and a GPU that hangs (its memory withheld) still names its servers.
+    # The Xids and a pending recovery action again, with the server of each GPU: the fault page reads a server's GPUs
+    # without joining every GPU's memory with them on every evaluation (issue 31), and a GPU that hangs (its memory
+    # withheld) still names its servers. Only where there is one: a few series in a fleet, not one per GPU.
     "server_gpu_xid_last_timestamp_seconds": Family(
         "gauge", "When the exporter received the last Xid of this kind of a GPU the server holds memory on, or held "
         "memory on in the GPU's last reading that answered while it does not answer now "
         "(stallwatch_gpu_xid_last_timestamp_seconds with its server), seconds since the epoch.",
         ("server", *GPU, "xid")),
+    "server_gpu_recovery_action": Family(
+        "gauge", "The driver's recovery action for a GPU the server holds memory on, where it asks for one "
+        "(stallwatch_gpu_recovery_action with its server; no series while it asks for none): 1 GPU reset, 2 node "
+        "reboot, 3 drain P2P, 4 drain and reset, 5 recover IMEX domain, 6 bus reset, 7 system reboot.",
+        ("server", *GPU)),
     "gpu_unattributed_memory_bytes": Family(
         "gauge", "GPU memory held by processes in no watched server's tree (gone, or someone else's), bytes.", GPU),
     # Process tree

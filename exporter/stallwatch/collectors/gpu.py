@@ -1,7 +1,7 @@
 """GPU collector: per-device identity, memory, utilization and busy seconds, the cheap health fields (power,
 energy, the driver's recovery action, ECC, remapped rows, PCIe replays, the clock event reasons' bitmask), Xid
-events, the memory that each watched server's processes hold on each GPU (with that GPU's busy seconds and Xids) and
-the memory nobody watched holds. It reads the
+events, the memory that each watched server's processes hold on each GPU (with that GPU's busy seconds, Xids and
+pending recovery action) and the memory nobody watched holds. It reads the
 NVML readers' last readings and never calls NVML; a failing device is reported as down, never as stale."""
 
 from __future__ import annotations
@@ -67,13 +67,14 @@ class GpuCollector:
         yield from self._memory(found.devices, [f.last for f in found.failed if f.last is not None], xids)
 
     def _memory(self, devices: list[Device], silent: list[Device], xids: list[XidCount]) -> Iterator[Metric]:
-        """What each server holds on each GPU (and that GPU's busy seconds and Xids, with the server), and what no
-        watched server does: processes that are gone (a rank left over from the last run) or belong to no watched
-        tree. A GPU a server lists (`gpus:`) is its own. `silent`: the last readings that answered of the GPUs that do
-        not answer now, whose memory is withheld but whose Xids still name the servers that held memory on them (a
-        GPU that hangs posts its Xid 119 after its last answer)."""
+        """What each server holds on each GPU (and that GPU's busy seconds, Xids and pending recovery action, with the
+        server), and what no watched server does: processes that are gone (a rank left over from the last run) or
+        belong to no watched tree. A GPU a server lists (`gpus:`) is its own. `silent`: the last readings that
+        answered of the GPUs that do not answer now, whose memory is withheld but whose Xids still name the servers
+        that held memory on them (a GPU that hangs posts its Xid 119 after its last answer)."""
         held, unattributed = family("server_gpu_memory_used_bytes"), family("gpu_unattributed_memory_bytes")
         busy, faults = family("server_gpu_busy_seconds_total"), family("server_gpu_xid_last_timestamp_seconds")
+        recovery = family("server_gpu_recovery_action")
         by_gpu: dict[str, list[XidCount]] = {}
         for count in xids:
             by_gpu.setdefault(count.uuid, []).append(count)
@@ -88,6 +89,8 @@ class GpuCollector:
                 seconds = self.nvml.busy_seconds(device.uuid)
                 if seconds is not None:
                     busy.add_metric(labels, seconds)
+                if memory > 0 and device.health.recovery_action:
+                    recovery.add_metric(labels, device.health.recovery_action)
             for device, memory in [*holdings, *server_memory(look, silent)]:
                 for count in by_gpu.get(device.uuid, []) if memory > 0 else []:
                     faults.add_metric([look.name, device.index, device.uuid, count.xid], count.last)
@@ -97,7 +100,7 @@ class GpuCollector:
             if device.processes is not None and device.index not in owned:
                 stray = sum(b for pid, b in device.processes.items() if pid not in watched)
                 unattributed.add_metric([device.index, device.uuid], stray)
-        yield from (held, busy, faults, unattributed)
+        yield from (held, busy, faults, recovery, unattributed)
 
 
 def _xid(xids: list[XidCount]) -> Iterator[Metric]:

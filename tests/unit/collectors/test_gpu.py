@@ -10,7 +10,7 @@ import pynvml
 import pytest
 
 from stallwatch.collectors.gpu import GpuCollector
-from stallwatch.signals.devices import Device, DeviceFailure, Devices
+from stallwatch.signals.devices import Device, DeviceFailure, Devices, Health
 from stallwatch.signals.nvml import NO_GPU, UNAVAILABLE
 from stallwatch.signals.xid import XidCount
 
@@ -33,8 +33,9 @@ def test_nvml_up_and_expected(found: Devices, up: list[float], expected: list[fl
     assert (values["stallwatch_nvml_up"], values["stallwatch_nvml_expected"]) == (up, expected)
 
 
-def _device(index: int, processes: dict[int, float]) -> Device:
-    return Device(str(index), f"GPU-{index}", "NVIDIA H200", sum(processes.values()), 141e9, 0.0, processes)
+def _device(index: int, processes: dict[int, float], recovery: float = 0.0) -> Device:
+    return Device(str(index), f"GPU-{index}", "NVIDIA H200", sum(processes.values()), 141e9, 0.0, processes,
+                  health=Health(recovery_action=recovery))
 
 
 def _server(name: str, *pids: int) -> SimpleNamespace:
@@ -42,14 +43,15 @@ def _server(name: str, *pids: int) -> SimpleNamespace:
     return SimpleNamespace(look=lambda: look)
 
 
-def test_xids_are_written_with_the_servers_that_hold_or_held_memory_on_the_gpu() -> None:
+def test_faults_are_written_with_the_servers_that_hold_or_held_memory_on_the_gpu() -> None:
     """Each GPU's Xids with the servers that hold memory on it now, and, for a GPU that does not answer (Xid 119: its
     calls block), with the servers of its last reading that answered; never with a server that left a GPU that still
-    answers, nor for a GPU nobody holds (the fault pages read this family, not a join of every GPU's memory)."""
+    answers, nor for a GPU nobody holds. A recovery action that asks for something, with the servers that hold memory
+    on the GPU (the fault page reads these families, not a join of every GPU's memory)."""
     found = Devices(True, driver="580.65.06", devices=[
-        _device(0, {10: 76e9}),
+        _device(0, {10: 76e9}, recovery=2.0),
         _device(2, {30: 40e9}),  # `left` (pid 20) held memory here once; qwen does now
-        _device(3, {}),
+        _device(3, {}, recovery=1.0),
     ], failed=[DeviceFailure("1", "GPU-1", pynvml.NVMLError(pynvml.NVML_ERROR_TIMEOUT), last=_device(1, {11: 70e9}))])
     xids = SimpleNamespace(counts=lambda: [
         XidCount("0", "GPU-0", "13", 1, 100.0), XidCount("1", "GPU-1", "119", 1, 200.0),
@@ -61,6 +63,8 @@ def test_xids_are_written_with_the_servers_that_hold_or_held_memory_on_the_gpu()
                for s in families["stallwatch_server_gpu_xid_last_timestamp_seconds"].samples}
     assert written == {("kimi", "0", "GPU-0", "13", 100.0), ("kimi", "1", "GPU-1", "119", 200.0),
                        ("qwen", "2", "GPU-2", "48", 300.0)}
+    assert [(s.labels["server"], s.labels["gpu"], s.value)
+            for s in families["stallwatch_server_gpu_recovery_action"].samples] == [("kimi", "0", 2.0)]
     # The hung GPU's memory stays withheld: only the GPUs that answer have the server's memory.
     assert {(s.labels["server"], s.labels["gpu"]) for s in families["stallwatch_server_gpu_memory_used_bytes"].samples
             } == {("kimi", "0"), ("qwen", "2")}
