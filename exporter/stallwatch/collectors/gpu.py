@@ -91,9 +91,10 @@ class GpuCollector:
                     busy.add_metric(labels, seconds)
                 if memory > 0 and device.health.recovery_action:
                     recovery.add_metric(labels, device.health.recovery_action)
-            for device, memory in [*holdings, *server_memory(look, silent)]:
-                for count in by_gpu.get(device.uuid, []) if memory > 0 else []:
-                    faults.add_metric([look.name, device.index, device.uuid, count.xid], count.last)
+            for device, memory in [*holdings, *server_memory(look, silent)] if by_gpu else []:
+                if memory > 0:
+                    for count in by_gpu.get(device.uuid, []):
+                        faults.add_metric([look.name, device.index, device.uuid, count.xid], count.last)
             watched.update(s.pid for s in look.tree)
             owned.update(str(gpu) for gpu in look.spec.gpus or ())
         for device in devices:
